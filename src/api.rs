@@ -1,0 +1,423 @@
+//! The `modelserve.dev/v1alpha1` `ModelServe` API: spec, status and the CRD they generate.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// API group of every modelserve resource.
+pub const GROUP: &str = "modelserve.dev";
+/// Quantisation chosen when neither `quant` nor `file` is set.
+pub const DEFAULT_QUANT: &str = "Q4_K_M";
+/// Revision resolved when `revision` is empty.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// Serve a GGUF model from a Hugging Face repository with llama.cpp. The controller resolves the
+/// repository to a pinned file set, checks that the nodes' llama.cpp build can load it and that a
+/// node can hold it, mirrors the files, creates the serving objects, waits for a ready replica and
+/// smoke-tests it; each stage is a condition in status.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "modelserve.dev",
+    version = "v1alpha1",
+    kind = "ModelServe",
+    plural = "modelserves",
+    shortname = "ms",
+    category = "modelserve",
+    namespaced,
+    status = "ModelServeStatus",
+    derive = "PartialEq",
+    doc = "ModelServe serves a GGUF model from a Hugging Face repository with llama.cpp.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(name = "Repo", type_ = "string", json_path = ".spec.repo"),
+    printcolumn(name = "Quant", type_ = "string", json_path = ".status.resolved.quant"),
+    printcolumn(name = "Stage", type_ = "string", json_path = ".status.stage"),
+    printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
+    printcolumn(name = "Memory", type_ = "string", json_path = ".status.check.memory"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
+    printcolumn(name = "Tok/s", type_ = "number", json_path = ".status.smoke.tokensPerSecond"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(
+    validation = Rule::new("!(has(self.quant) && has(self.file))").message("set either quant or file, not both").field_path(".file"),
+    validation = Rule::new("self.contextLength <= self.contextSize").message("contextLength (tokens per request) must not exceed contextSize (the server's whole context, shared by the parallel slots)").field_path(".contextLength")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelServeSpec {
+    /// Repository on the model registry, as owner/name (for example bartowski/Qwen2.5-7B-Instruct-GGUF).
+    #[schemars(regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?$"), length(max = 200))]
+    pub repo: String,
+
+    /// Branch, tag or commit to serve; default main. It is resolved once to a commit and pinned in status.resolved.commit, so a moved branch never silently changes a served model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255), regex(pattern = r"^[A-Za-z0-9_./-]+$"))]
+    #[x_kube(validation = Rule::new("!self.contains('..')").message("revision must not contain '..'"))]
+    pub revision: Option<String>,
+
+    /// Quantisation to serve, matched as a whole token of the file name, case-insensitively (Q4_K_M, Q8_0, UD-Q4_K_XL, ...). Default Q4_K_M. Set either quant or file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"))]
+    pub quant: Option<String>,
+
+    /// A GGUF file path in the repository, or the name of a split shard set, to serve instead of choosing by quant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    #[x_kube(
+        validation = Rule::new("!self.contains('..')").message("file must be a path inside the repository: '..' is not allowed"),
+        validation = Rule::new("!self.startsWith('/')").message("file must be a path relative to the repository root, without a leading '/'")
+    )]
+    pub file: Option<String>,
+
+    /// Name clients use for the model (the OpenAI "model" field). Suggested from the repository when empty: bartowski/Qwen2.5-7B-Instruct-GGUF becomes qwen2.5-7b-instruct.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$"))]
+    pub served_name: Option<String>,
+
+    /// Further names the model answers to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub aliases: Vec<String>,
+
+    /// Free text describing the model for people browsing the catalog.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub description: Option<String>,
+
+    /// Number of serving replicas; 0 means on demand: everything is prepared and a later scale-up starts it.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+
+    /// Total context of the llama.cpp server in tokens (--ctx-size), shared by its parallel slots. Default 16384.
+    #[serde(default = "default_context_size")]
+    #[schemars(range(min = 256, max = 4194304))]
+    pub context_size: i32,
+
+    /// Context of one request in tokens; the server gets contextSize / contextLength parallel slots. Default 4096.
+    #[serde(default = "default_context_length")]
+    #[schemars(range(min = 256, max = 4194304))]
+    pub context_length: i32,
+
+    /// Secret in this namespace holding the registry token for gated or private repositories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+
+    /// Overrides of the operator's llama.cpp engine defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineSpec>,
+
+    /// The chat completion sent to a ready replica to prove it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoke_test: Option<SmokeTestSpec>,
+}
+
+/// A key of a Secret in the ModelServe's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key in the Secret whose value is the token; default "token".
+    #[serde(default = "default_token_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Optional overrides of the llama.cpp engine; unset fields take the operator's configuration.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSpec {
+    /// llama.cpp server image, pinned by build (for example ghcr.io/ggml-org/llama.cpp:server-b6500).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+    /// Extra llama-server arguments appended after the ones the operator computes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    /// Resources of the server container; memory defaults to the Check stage's estimate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Node labels a replica's node must have; also narrows the nodes the Check stage considers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the replicas' pods; also widens the nodes the Check stage considers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+}
+
+/// The smoke test sent once to a ready replica.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SmokeTestSpec {
+    /// Run the smoke test; default true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The user message of the chat completion.
+    #[serde(default = "default_prompt")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub prompt: String,
+    /// Upper bound of generated tokens (1 to 4096); default 32.
+    #[serde(default = "default_max_tokens")]
+    #[schemars(range(min = 1, max = 4096))]
+    pub max_tokens: i32,
+}
+
+impl Default for SmokeTestSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            prompt: default_prompt(),
+            max_tokens: default_max_tokens(),
+        }
+    }
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+fn default_context_size() -> i32 {
+    16384
+}
+fn default_context_length() -> i32 {
+    4096
+}
+fn default_token_key() -> String {
+    "token".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_prompt() -> String {
+    "Say hello in one short sentence.".into()
+}
+fn default_max_tokens() -> i32 {
+    32
+}
+
+/// What the controller observed and decided; every stage writes its own part.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelServeStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The stage now running, or the one that failed: Resolve, Check, Mirror, Catalog, Place, SmokeTest, or Ready when all are done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// Progress of the current stage for people, such as 41% while mirroring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    /// Ready replicas over wanted replicas, such as 1/1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+    /// One condition per stage (Resolved, Checked, Mirrored, Cataloged, Placed, SmokeTested) plus Ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+    /// The file set the repository resolved to, pinned to a commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<ResolvedStatus>,
+    /// What the Check stage found: architecture, engine build and memory needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<CheckStatus>,
+    /// Progress of the copy into the cluster's mirror.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<MirrorStatus>,
+    /// URL of the OpenAI-compatible endpoint inside the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Replicas of the serving Deployment (the scale subresource reads it).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Replicas ready to answer.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Label selector of the replicas' pods, for the scale subresource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The smoke test's reply and speed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoke: Option<SmokeStatus>,
+}
+
+/// The resolved, pinned file set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedStatus {
+    /// The commit the revision resolved to; it changes only when the spec changes.
+    pub commit: String,
+    /// Name of the file set (a file path, or the shard set's name).
+    pub set: String,
+    /// The quantisation of the set, as written in the file names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quant: Option<String>,
+    /// Every file of the set, with size and sha256 as the registry published them.
+    #[serde(default)]
+    pub files: Vec<ResolvedFile>,
+    /// Sum of the files' sizes in bytes.
+    pub total_bytes: i64,
+    /// The catalog name clients use.
+    pub served_name: String,
+}
+
+/// One file of a resolved set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolvedFile {
+    /// Path in the repository.
+    pub path: String,
+    /// Size in bytes.
+    pub size: i64,
+    /// Hex sha256 the registry published for the file.
+    pub sha256: String,
+}
+
+/// The Check stage's findings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckStatus {
+    /// general.architecture from the GGUF header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// The llama.cpp build the nodes run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_build: Option<String>,
+    /// Memory a replica needs, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<i64>,
+    /// The same as a Kubernetes quantity, as set on the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// KV cache bytes per token of context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_bytes_per_token: Option<i64>,
+    /// What the estimate counted, as a sentence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<String>,
+}
+
+/// Mirror progress.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorStatus {
+    /// Bytes present and verified on the mirror.
+    pub bytes_done: i64,
+    /// Bytes of the whole set.
+    pub bytes_total: i64,
+    /// bytesDone over bytesTotal, 0 to 100.
+    pub percent: i32,
+    /// Per-file state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<MirrorFileStatus>,
+}
+
+/// One file on the mirror.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorFileStatus {
+    /// Path in the repository.
+    pub path: String,
+    /// queued, downloading, verifying, present or failed.
+    pub state: String,
+    /// Bytes received so far.
+    pub bytes_done: i64,
+}
+
+/// The smoke test's result.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SmokeStatus {
+    /// The model's reply.
+    pub reply: String,
+    /// Generation speed in tokens per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
+    /// Tokens the reply took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<i64>,
+    /// When the smoke test ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<Time>,
+}
+
+impl ModelServeSpec {
+    /// The revision to resolve, defaulted.
+    pub fn revision(&self) -> &str {
+        self.revision.as_deref().unwrap_or(DEFAULT_REVISION)
+    }
+
+    /// The quant to select when no file is named.
+    pub fn quant(&self) -> &str {
+        self.quant.as_deref().unwrap_or(DEFAULT_QUANT)
+    }
+
+    /// The smoke test settings, defaulted.
+    pub fn smoke_test(&self) -> SmokeTestSpec {
+        self.smoke_test.clone().unwrap_or_default()
+    }
+}
+
+/// The CRD as YAML, exactly as committed under crds/.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    let crd = ModelServe::crd();
+    Ok(format!(
+        "# Generated by `modelserve crd` from src/api.rs; do not edit by hand.\n{}",
+        serde_yaml::to_string(&crd)?
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_defaults_fill_what_the_user_left_out() {
+        let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
+        assert_eq!(spec.replicas, 1);
+        assert_eq!(spec.context_size, 16384);
+        assert_eq!(spec.context_length, 4096);
+        assert_eq!(spec.quant(), "Q4_K_M");
+        assert_eq!(spec.revision(), "main");
+        assert_eq!(spec.smoke_test().max_tokens, 32);
+    }
+
+    #[test]
+    fn every_schema_property_has_a_description() {
+        let crd = serde_json::to_value(ModelServe::crd()).unwrap();
+        let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+        let mut missing = Vec::new();
+        walk(schema, "", &mut missing);
+        // Kubernetes' own types (tolerations, resources, conditions) carry their own docs.
+        assert!(missing.is_empty(), "properties without a description: {missing:?}");
+    }
+
+    fn walk(schema: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
+        if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
+            for (name, sub) in props {
+                let p = format!("{path}.{name}");
+                if sub.get("description").is_none() && !["apiVersion", "kind", "metadata"].contains(&name.as_str()) {
+                    missing.push(p.clone());
+                }
+                walk(sub, &p, missing);
+            }
+        }
+        if let Some(items) = schema.get("items") {
+            walk(items, &format!("{path}[]"), missing);
+        }
+    }
+
+    #[test]
+    fn conditions_are_a_list_map_keyed_by_type() {
+        let crd = serde_json::to_value(ModelServe::crd()).unwrap();
+        let conds = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conds["x-kubernetes-list-type"], "map");
+        assert_eq!(conds["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+    }
+}

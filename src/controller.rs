@@ -1,0 +1,266 @@
+//! The ModelServe controller: reconcile() runs the pipeline and writes status once.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::Mutex;
+use tracing::{Instrument, info, warn};
+
+use crate::api::{ModelServe, ModelServeStatus};
+use crate::conditions::{self, Clock, Status, SystemClock, Transition};
+use crate::pipeline::{self, Report};
+use crate::telemetry::{self, Health, Metrics, ReasonLabel, ResultLabel, StageLabel};
+use crate::Error;
+
+/// The one field manager every status write uses.
+pub const FIELD_MANAGER: &str = "modelserve-controller";
+
+/// Settings of `modelserve controller`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Config {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "MODELSERVE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "MODELSERVE_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub config: Config,
+    failures: Mutex<HashMap<ObjectRef<ModelServe>, u32>>,
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+pub async fn run(config: Config) -> Result<(), Error> {
+    let client = Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
+    ensure_crd_installed(&client).await?;
+
+    let metrics = Arc::new(Metrics::default());
+    let health = Health { ready: Default::default(), metrics: metrics.clone() };
+    let server = tokio::spawn(telemetry::serve(config.metrics_addr, health.clone()));
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let api: Api<ModelServe> = match &config.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        metrics,
+        clock: Arc::new(SystemClock),
+        config,
+        failures: Mutex::default(),
+    });
+    health.ready.store(true, Ordering::Relaxed);
+    info!("controller started");
+    let controller = Controller::new(api, watcher::Config::default())
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = controller => Ok(()),
+        r = server => match r {
+            Ok(Err(e)) => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// Fails with a clear message when the CRD is missing or the API server cannot be reached.
+pub async fn ensure_crd_installed(client: &Client) -> Result<(), Error> {
+    let api: Api<ModelServe> = Api::all(client.clone());
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::CrdMissing),
+        Err(e) => Err(Error::Unreachable(e)),
+    }
+}
+
+async fn reconcile(ms: Arc<ModelServe>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let span = tracing::info_span!("reconcile", namespace = %ms.namespace().unwrap_or_default(), name = %ms.name_any());
+    let started = Instant::now();
+    let result = reconcile_inner(&ms, &ctx).instrument(span).await;
+    ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    let label = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics.reconciles.get_or_create(&ResultLabel { result: label.into() }).inc();
+    if result.is_ok() {
+        ctx.failures.lock().await.remove(&ObjectRef::from(ms.as_ref()));
+    }
+    result
+}
+
+async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error> {
+    let old = ms.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let report = pipeline::run(ctx, ms, &mut status).await?;
+    let (status, transitions) = next_status(status, &report, ms, ctx.clock.as_ref());
+    if status != old {
+        write_status(ctx, ms, &status).await?;
+    }
+    for t in &transitions {
+        publish(ctx, ms, t).await;
+    }
+    Ok(match report.requeue {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+/// The status after this reconcile, and the condition transitions it makes.
+pub fn next_status(
+    mut status: ModelServeStatus,
+    report: &Report,
+    ms: &ModelServe,
+    clock: &dyn Clock,
+) -> (ModelServeStatus, Vec<Transition>) {
+    let generation = ms.metadata.generation;
+    let mut transitions = Vec::new();
+    let ready = conditions::ready_summary(&report.conditions, report.on_demand.as_deref());
+    for desired in report.conditions.iter().chain(std::iter::once(&ready)) {
+        transitions.extend(conditions::set(&mut status.conditions, desired, generation, clock));
+    }
+    status.observed_generation = generation;
+    status.stage = Some(report.stage.map_or(if report.on_demand.is_some() { "OnDemand" } else { "Ready" }, |s| s.name()).to_string());
+    status.ready = Some(format!("{}/{}", status.ready_replicas, ms.spec.replicas));
+    (status, transitions)
+}
+
+async fn write_status(ctx: &Context, ms: &ModelServe, status: &ModelServeStatus) -> Result<(), Error> {
+    let api: Api<ModelServe> = Api::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
+    let patch = serde_json::json!({
+        "apiVersion": ModelServe::api_version(&()),
+        "kind": ModelServe::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&ms.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    if let Some(stage) = &status.stage {
+        ctx.metrics.models_by_stage.get_or_create(&StageLabel { stage: stage.clone() }).set(1);
+    }
+    Ok(())
+}
+
+async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
+    ctx.metrics.transitions.get_or_create(&StageLabel { stage: t.type_.into() }).inc();
+    let type_ = if t.to == Status::False { EventType::Warning } else { EventType::Normal };
+    let from = t.from.as_deref().unwrap_or("unset");
+    let event = Event {
+        type_,
+        reason: t.reason.clone(),
+        note: Some(truncate_note(&format!("{} {} -> {}: {}", t.type_, from, t.to.as_str(), t.message))),
+        action: t.type_.into(),
+        secondary: None,
+    };
+    // An Event that cannot be written must not fail the reconcile that already wrote status.
+    if let Err(e) = ctx.recorder.publish(&event, &ms.object_ref(&())).await {
+        warn!(error = %e, "could not publish Event");
+    }
+}
+
+fn truncate_note(s: &str) -> String {
+    let mut end = s.len().min(1000);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn error_policy(ms: Arc<ModelServe>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.errors.get_or_create(&ReasonLabel { reason: error.reason().into() }).inc();
+    warn!(name = %ms.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
+    let key = ObjectRef::from(ms.as_ref());
+    // error_policy is sync; try_lock keeps it so, and a contended lock just uses the first step.
+    let n = match ctx.failures.try_lock() {
+        Ok(mut f) => {
+            let n = f.entry(key).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    Action::requeue(backoff(n))
+}
+
+/// Capped exponential backoff: 1 s, 2 s, 4 s ... up to 5 minutes.
+pub fn backoff(failures: u32) -> Duration {
+    let secs = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
+    Duration::from_secs(secs.min(300))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ModelServeSpec;
+    use crate::conditions::FixedClock;
+    use crate::pipeline::{Outcome, Stage};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn model(generation: i64) -> ModelServe {
+        let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
+        let mut ms = ModelServe::new("m", spec);
+        ms.metadata.generation = Some(generation);
+        ms
+    }
+
+    fn at(s: i64) -> FixedClock {
+        FixedClock(Timestamp::from_second(1_800_000_000 + s).unwrap())
+    }
+
+    fn not_built() -> Report {
+        pipeline::decide(&[(Stage::Resolve, Outcome::NotImplemented)], 1)
+    }
+
+    #[test]
+    fn first_reconcile_sets_six_stages_plus_ready_and_observed_generation() {
+        let (s, transitions) = next_status(Default::default(), &not_built(), &model(3), &at(0));
+        assert_eq!(s.conditions.len(), 7);
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(s.stage.as_deref(), Some("Resolve"));
+        assert_eq!(conditions::get(&s.conditions, "Ready").unwrap().status, "False");
+        assert_eq!(transitions.len(), 7, "every new condition is an Event");
+    }
+
+    #[test]
+    fn nothing_to_write_when_only_time_moved() {
+        let (first, _) = next_status(Default::default(), &not_built(), &model(1), &at(0));
+        let (second, transitions) = next_status(first.clone(), &not_built(), &model(1), &at(3600));
+        assert_eq!(first, second, "a later clock alone must not change status, or the write wakes the controller forever");
+        assert!(transitions.is_empty());
+    }
+
+    #[test]
+    fn a_new_generation_is_written() {
+        let (first, _) = next_status(Default::default(), &not_built(), &model(1), &at(0));
+        let (second, _) = next_status(first.clone(), &not_built(), &model(2), &at(10));
+        assert_ne!(first, second);
+        assert!(second.conditions.iter().all(|c| c.observed_generation == Some(2)));
+    }
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(4), Duration::from_secs(8));
+        assert_eq!(backoff(40), Duration::from_secs(300));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,60 @@
+//! modelserve: a Kubernetes operator that serves a GGUF model from a Hugging Face repository.
+
+pub mod api;
+pub mod conditions;
+pub mod controller;
+pub mod pipeline;
+pub mod telemetry;
+
+/// The crate's error; `reason()` feeds condition reasons, Event reasons and metric labels.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[source] kube::Error),
+
+    #[error(
+        "the ModelServe CRD (modelserves.modelserve.dev) is not installed in this cluster; install it with `kubectl apply -f crds/` or `modelserve crd | kubectl apply -f -`"
+    )]
+    CrdMissing,
+
+    #[error("cannot reach the Kubernetes API server: {0}")]
+    Unreachable(#[source] kube::Error),
+
+    #[error("no usable kubeconfig or in-cluster configuration: {0}")]
+    Config(String),
+
+    #[error("cannot serialise {what}: {source}")]
+    Serialize {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("cannot serve {what} on {addr}: {source}")]
+    Listen {
+        what: &'static str,
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// A PascalCase reason for conditions, Events and metric labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "KubernetesApiError",
+            Error::CrdMissing => "CrdMissing",
+            Error::Unreachable(_) => "ApiServerUnreachable",
+            Error::Config(_) => "NoKubeconfig",
+            Error::Serialize { .. } => "SerializationFailed",
+            Error::Listen { .. } => "ListenFailed",
+        }
+    }
+}
+
+impl From<kube::Error> for Error {
+    fn from(e: kube::Error) -> Self {
+        Error::Kube(e)
+    }
+}

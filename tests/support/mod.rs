@@ -1,0 +1,145 @@
+//! Harness for tests against the test bed started by `scripts/testbed up`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The running test bed: its kubeconfig and the directory of its binaries.
+pub struct Testbed {
+    pub kubeconfig: PathBuf,
+    pub bin: PathBuf,
+}
+
+/// Where `scripts/testbed` keeps its state (the same rule as the script).
+fn state_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("MODELSERVE_TESTBED_DIR") {
+        return d.into();
+    }
+    let cache = std::env::var("MODELSERVE_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
+        std::env::var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"))
+            .join("modelserve")
+    });
+    cache.join("testbed-run")
+}
+
+impl Testbed {
+    /// The running test bed; fails the test, saying how to start it, when there is none.
+    pub fn get() -> Testbed {
+        let state = state_dir();
+        let kubeconfig = state.join("kubeconfig");
+        let bin = std::fs::read_to_string(state.join("bin")).map(|s| PathBuf::from(s.trim()));
+        let (Ok(bin), true) = (bin, kubeconfig.exists()) else {
+            panic!(
+                "this test needs the test bed, and none runs at {}: start it with `scripts/testbed up` (or run `scripts/test`)",
+                state.display()
+            )
+        };
+        let tb = Testbed { kubeconfig, bin };
+        let out = tb.kubectl(&["get", "--raw", "/readyz"]);
+        assert!(
+            out.status.success(),
+            "the test bed at {} does not answer: {}; restart it with `scripts/testbed down && scripts/testbed up`",
+            state.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tb
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.command("kubectl").args(args).output().expect("run kubectl")
+    }
+
+    /// kubectl with `stdin` piped in.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = self
+            .command("kubectl")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// kubectl that must succeed; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(out.status.success(), "kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A command from the test bed's binaries (kubectl, helm) with KUBECONFIG set.
+    pub fn command(&self, name: &str) -> Command {
+        let mut c = Command::new(self.bin.join(name));
+        c.env("KUBECONFIG", &self.kubeconfig);
+        c
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// Installs the committed CRD and waits until it is served.
+    pub fn install_crd(&self) {
+        self.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", &repo_path("crds/modelserve.yaml")]);
+        self.kubectl_ok(&["wait", "--for=condition=Established", "crd/modelserves.modelserve.dev", "--timeout=30s"]);
+    }
+
+    /// A fresh namespace, deleted when the returned guard drops.
+    pub fn namespace(&self, prefix: &str) -> Namespace<'_> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        self.kubectl_ok(&["create", "namespace", &name]);
+        // The controller-manager creates the default ServiceAccount shortly after.
+        Namespace { tb: self, name }
+    }
+}
+
+pub struct Namespace<'a> {
+    tb: &'a Testbed,
+    pub name: String,
+}
+
+impl Drop for Namespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.tb.kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// A path inside the repository.
+pub fn repo_path(rel: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel).to_string_lossy().into_owned()
+}
+
+/// Polls `f` until it returns Some or `timeout` passes.
+pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A TCP port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The operator binary this test run built.
+pub fn modelserve_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_modelserve")
+}
