@@ -18,6 +18,8 @@ pub const DEFAULT_REVISION: &str = "main";
 /// repository to a pinned file set, checks that the nodes' llama.cpp build can load it and that a
 /// node can hold it, mirrors the files, creates the serving objects, waits for a ready replica and
 /// smoke-tests it; each stage is a condition in status.
+// clippy reads the repeated `type_ = "string"` of the printcolumns as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "modelserve.dev",
@@ -41,8 +43,16 @@ pub const DEFAULT_REVISION: &str = "main";
     printcolumn(name = "Progress", type_ = "string", json_path = ".status.progress"),
     printcolumn(name = "Memory", type_ = "string", json_path = ".status.check.memory"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.ready"),
-    printcolumn(name = "Tok/s", type_ = "number", json_path = ".status.smoke.tokensPerSecond"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Tok/s",
+        type_ = "number",
+        json_path = ".status.smoke.tokensPerSecond"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("!(has(self.quant) && has(self.file))").message("set either quant or file, not both").field_path(".file"),
@@ -51,7 +61,12 @@ pub const DEFAULT_REVISION: &str = "main";
 #[serde(rename_all = "camelCase")]
 pub struct ModelServeSpec {
     /// Repository on the model registry, as owner/name (for example bartowski/Qwen2.5-7B-Instruct-GGUF).
-    #[schemars(regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?$"), length(max = 200))]
+    #[schemars(
+        regex(
+            pattern = r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?$"
+        ),
+        length(max = 200)
+    )]
     pub repo: String,
 
     /// Branch, tag or commit to serve; default main. It is resolved once to a commit and pinned in status.resolved.commit, so a moved branch never silently changes a served model.
@@ -62,7 +77,10 @@ pub struct ModelServeSpec {
 
     /// Quantisation to serve, matched as a whole token of the file name, case-insensitively (Q4_K_M, Q8_0, UD-Q4_K_XL, ...). Default Q4_K_M. Set either quant or file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"))]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    )]
     pub quant: Option<String>,
 
     /// A GGUF file path in the repository, or the name of a split shard set, to serve instead of choosing by quant.
@@ -76,7 +94,10 @@ pub struct ModelServeSpec {
 
     /// Name clients use for the model (the OpenAI "model" field). Suggested from the repository when empty: bartowski/Qwen2.5-7B-Instruct-GGUF becomes qwen2.5-7b-instruct.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$"))]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$")
+    )]
     pub served_name: Option<String>,
 
     /// Further names the model answers to.
@@ -379,7 +400,8 @@ mod tests {
 
     #[test]
     fn spec_defaults_fill_what_the_user_left_out() {
-        let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
+        let spec: ModelServeSpec =
+            serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
         assert_eq!(spec.replicas, 1);
         assert_eq!(spec.context_size, 16384);
         assert_eq!(spec.context_length, 4096);
@@ -395,14 +417,19 @@ mod tests {
         let mut missing = Vec::new();
         walk(schema, "", &mut missing);
         // Kubernetes' own types (tolerations, resources, conditions) carry their own docs.
-        assert!(missing.is_empty(), "properties without a description: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "properties without a description: {missing:?}"
+        );
     }
 
     fn walk(schema: &serde_json::Value, path: &str, missing: &mut Vec<String>) {
         if let Some(props) = schema.get("properties").and_then(|p| p.as_object()) {
             for (name, sub) in props {
                 let p = format!("{path}.{name}");
-                if sub.get("description").is_none() && !["apiVersion", "kind", "metadata"].contains(&name.as_str()) {
+                if sub.get("description").is_none()
+                    && !["apiVersion", "kind", "metadata"].contains(&name.as_str())
+                {
                     missing.push(p.clone());
                 }
                 walk(sub, &p, missing);
@@ -416,8 +443,12 @@ mod tests {
     #[test]
     fn conditions_are_a_list_map_keyed_by_type() {
         let crd = serde_json::to_value(ModelServe::crd()).unwrap();
-        let conds = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
+        let conds = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["conditions"];
         assert_eq!(conds["x-kubernetes-list-type"], "map");
-        assert_eq!(conds["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+        assert_eq!(
+            conds["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
     }
 }

@@ -35,7 +35,12 @@ pub struct Desired {
 }
 
 impl Desired {
-    pub fn new(type_: &'static str, status: Status, reason: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(
+        type_: &'static str,
+        status: Status,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             type_,
             status,
@@ -81,7 +86,12 @@ pub struct Transition {
 }
 
 /// Sets `desired` in `conditions` and reports a transition when its status changed (or it is new).
-pub fn set(conditions: &mut Vec<Condition>, desired: &Desired, generation: Option<i64>, clock: &dyn Clock) -> Option<Transition> {
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    desired: &Desired,
+    generation: Option<i64>,
+    clock: &dyn Clock,
+) -> Option<Transition> {
     let message = truncate(&desired.message, 32 * 1024);
     match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
         Some(existing) => {
@@ -131,15 +141,28 @@ pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition
 /// purpose, such as on demand); otherwise False, naming the first stage that is not done.
 pub fn ready_summary(stages: &[Desired], on_demand: Option<&str>) -> Desired {
     match stages.iter().find(|d| d.status != Status::True) {
-        None => Desired::new(READY, Status::True, "AllStagesDone", "every stage is done; the model answers"),
-        Some(_) if on_demand.is_some() => {
-            Desired::new(READY, Status::True, "OnDemand", on_demand.unwrap_or_default())
-        }
+        None => Desired::new(
+            READY,
+            Status::True,
+            "AllStagesDone",
+            "every stage is done; the model answers",
+        ),
+        Some(_) if on_demand.is_some() => Desired::new(
+            READY,
+            Status::True,
+            "OnDemand",
+            on_demand.unwrap_or_default(),
+        ),
         Some(first) => Desired::new(
             READY,
             Status::False,
             first.reason.clone(),
-            format!("{} is {}: {}", first.type_, first.status.as_str(), first.message),
+            format!(
+                "{} is {}: {}",
+                first.type_,
+                first.status.as_str(),
+                first.message
+            ),
         ),
     }
 }
@@ -178,7 +201,12 @@ mod tests {
     #[test]
     fn a_new_condition_is_added_with_the_clock_time_and_reported_as_a_transition() {
         let mut conds = vec![];
-        let t = set(&mut conds, &resolved(Status::Unknown, "Resolving"), Some(1), &clock(0));
+        let t = set(
+            &mut conds,
+            &resolved(Status::Unknown, "Resolving"),
+            Some(1),
+            &clock(0),
+        );
         assert_eq!(conds.len(), 1);
         assert_eq!(conds[0].last_transition_time, seconds(clock(0).0));
         assert_eq!(conds[0].observed_generation, Some(1));
@@ -188,19 +216,47 @@ mod tests {
     #[test]
     fn transition_time_is_kept_when_the_status_does_not_change() {
         let mut conds = vec![];
-        set(&mut conds, &resolved(Status::Unknown, "Resolving"), Some(1), &clock(0));
-        let t = set(&mut conds, &resolved(Status::Unknown, "StillResolving"), Some(2), &clock(60));
+        set(
+            &mut conds,
+            &resolved(Status::Unknown, "Resolving"),
+            Some(1),
+            &clock(0),
+        );
+        let t = set(
+            &mut conds,
+            &resolved(Status::Unknown, "StillResolving"),
+            Some(2),
+            &clock(60),
+        );
         assert!(t.is_none(), "same status is not a transition");
         assert_eq!(conds[0].last_transition_time, seconds(clock(0).0));
-        assert_eq!(conds[0].reason, "StillResolving", "reason follows the latest reconcile");
-        assert_eq!(conds[0].observed_generation, Some(2), "observedGeneration follows the spec");
+        assert_eq!(
+            conds[0].reason, "StillResolving",
+            "reason follows the latest reconcile"
+        );
+        assert_eq!(
+            conds[0].observed_generation,
+            Some(2),
+            "observedGeneration follows the spec"
+        );
     }
 
     #[test]
     fn transition_time_moves_when_the_status_changes() {
         let mut conds = vec![];
-        set(&mut conds, &resolved(Status::Unknown, "Resolving"), Some(1), &clock(0));
-        let t = set(&mut conds, &resolved(Status::True, "Resolved"), Some(1), &clock(90)).unwrap();
+        set(
+            &mut conds,
+            &resolved(Status::Unknown, "Resolving"),
+            Some(1),
+            &clock(0),
+        );
+        let t = set(
+            &mut conds,
+            &resolved(Status::True, "Resolved"),
+            Some(1),
+            &clock(90),
+        )
+        .unwrap();
         assert_eq!(conds[0].last_transition_time, seconds(clock(90).0));
         assert_eq!(t.from.as_deref(), Some("Unknown"));
         assert_eq!(t.to, Status::True);
@@ -208,18 +264,34 @@ mod tests {
 
     #[test]
     fn ready_is_true_only_when_every_stage_is() {
-        let all = vec![resolved(Status::True, "Ok"), Desired::new("Checked", Status::True, "Ok", "ok")];
+        let all = vec![
+            resolved(Status::True, "Ok"),
+            Desired::new("Checked", Status::True, "Ok", "ok"),
+        ];
         assert_eq!(ready_summary(&all, None).status, Status::True);
-        let some = vec![resolved(Status::True, "Ok"), Desired::new("Checked", Status::False, "NoNodeFits", "too big")];
+        let some = vec![
+            resolved(Status::True, "Ok"),
+            Desired::new("Checked", Status::False, "NoNodeFits", "too big"),
+        ];
         let r = ready_summary(&some, None);
         assert_eq!(r.status, Status::False);
-        assert_eq!(r.reason, "NoNodeFits", "Ready carries the blocking stage's reason");
-        assert!(r.message.contains("Checked is False: too big"), "{}", r.message);
+        assert_eq!(
+            r.reason, "NoNodeFits",
+            "Ready carries the blocking stage's reason"
+        );
+        assert!(
+            r.message.contains("Checked is False: too big"),
+            "{}",
+            r.message
+        );
     }
 
     #[test]
     fn ready_is_true_with_reason_on_demand_when_replicas_is_zero() {
-        let stages = vec![resolved(Status::True, "Ok"), Desired::new("Placed", Status::Unknown, "OnDemand", "0 replicas")];
+        let stages = vec![
+            resolved(Status::True, "Ok"),
+            Desired::new("Placed", Status::Unknown, "OnDemand", "0 replicas"),
+        ];
         let r = ready_summary(&stages, Some("cataloged; scale up to start"));
         assert_eq!((r.status, r.reason.as_str()), (Status::True, "OnDemand"));
     }
@@ -228,7 +300,12 @@ mod tests {
     fn long_messages_are_cut_on_a_char_boundary() {
         let long = "é".repeat(40_000);
         let mut conds = vec![];
-        set(&mut conds, &Desired::new("Resolved", Status::False, "X", long), None, &clock(0));
+        set(
+            &mut conds,
+            &Desired::new("Resolved", Status::False, "X", long),
+            None,
+            &clock(0),
+        );
         assert!(conds[0].message.len() <= 32 * 1024 + 3);
     }
 }

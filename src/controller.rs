@@ -16,11 +16,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::{Instrument, info, warn};
 
+use crate::Error;
 use crate::api::{ModelServe, ModelServeStatus};
 use crate::conditions::{self, Clock, Status, SystemClock, Transition};
 use crate::pipeline::{self, Report};
 use crate::telemetry::{self, Health, Metrics, ReasonLabel, ResultLabel, StageLabel};
-use crate::Error;
 
 /// The one field manager every status write uses.
 pub const FIELD_MANAGER: &str = "modelserve-controller";
@@ -48,11 +48,14 @@ pub struct Context {
 
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> Result<(), Error> {
-    let client = Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
-    ensure_crd_installed(&client).await?;
+    let (client, url) = connect().await?;
+    ensure_crd_installed(&client, &url).await?;
 
     let metrics = Arc::new(Metrics::default());
-    let health = Health { ready: Default::default(), metrics: metrics.clone() };
+    let health = Health {
+        ready: Default::default(),
+        metrics: metrics.clone(),
+    };
     let server = tokio::spawn(telemetry::serve(config.metrics_addr, health.clone()));
 
     let reporter = Reporter {
@@ -86,13 +89,26 @@ pub async fn run(config: Config) -> Result<(), Error> {
     }
 }
 
+/// A client from the kubeconfig or the in-cluster configuration, and the server's URL.
+pub async fn connect() -> Result<(Client, String), Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    Ok((client, url))
+}
+
 /// Fails with a clear message when the CRD is missing or the API server cannot be reached.
-pub async fn ensure_crd_installed(client: &Client) -> Result<(), Error> {
+pub async fn ensure_crd_installed(client: &Client, url: &str) -> Result<(), Error> {
     let api: Api<ModelServe> = Api::all(client.clone());
     match api.list(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::CrdMissing),
-        Err(e) => Err(Error::Unreachable(e)),
+        Err(e) => Err(Error::Unreachable {
+            url: url.to_string(),
+            source: e,
+        }),
     }
 }
 
@@ -100,11 +116,21 @@ async fn reconcile(ms: Arc<ModelServe>, ctx: Arc<Context>) -> Result<Action, Err
     let span = tracing::info_span!("reconcile", namespace = %ms.namespace().unwrap_or_default(), name = %ms.name_any());
     let started = Instant::now();
     let result = reconcile_inner(&ms, &ctx).instrument(span).await;
-    ctx.metrics.reconcile_seconds.observe(started.elapsed().as_secs_f64());
+    ctx.metrics
+        .reconcile_seconds
+        .observe(started.elapsed().as_secs_f64());
     let label = if result.is_ok() { "ok" } else { "error" };
-    ctx.metrics.reconciles.get_or_create(&ResultLabel { result: label.into() }).inc();
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ResultLabel {
+            result: label.into(),
+        })
+        .inc();
     if result.is_ok() {
-        ctx.failures.lock().await.remove(&ObjectRef::from(ms.as_ref()));
+        ctx.failures
+            .lock()
+            .await
+            .remove(&ObjectRef::from(ms.as_ref()));
     }
     result
 }
@@ -137,37 +163,83 @@ pub fn next_status(
     let mut transitions = Vec::new();
     let ready = conditions::ready_summary(&report.conditions, report.on_demand.as_deref());
     for desired in report.conditions.iter().chain(std::iter::once(&ready)) {
-        transitions.extend(conditions::set(&mut status.conditions, desired, generation, clock));
+        transitions.extend(conditions::set(
+            &mut status.conditions,
+            desired,
+            generation,
+            clock,
+        ));
     }
     status.observed_generation = generation;
-    status.stage = Some(report.stage.map_or(if report.on_demand.is_some() { "OnDemand" } else { "Ready" }, |s| s.name()).to_string());
+    status.stage = Some(
+        report
+            .stage
+            .map_or(
+                if report.on_demand.is_some() {
+                    "OnDemand"
+                } else {
+                    "Ready"
+                },
+                |s| s.name(),
+            )
+            .to_string(),
+    );
     status.ready = Some(format!("{}/{}", status.ready_replicas, ms.spec.replicas));
     (status, transitions)
 }
 
-async fn write_status(ctx: &Context, ms: &ModelServe, status: &ModelServeStatus) -> Result<(), Error> {
-    let api: Api<ModelServe> = Api::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
+async fn write_status(
+    ctx: &Context,
+    ms: &ModelServe,
+    status: &ModelServeStatus,
+) -> Result<(), Error> {
+    let api: Api<ModelServe> =
+        Api::namespaced(ctx.client.clone(), &ms.namespace().unwrap_or_default());
     let patch = serde_json::json!({
         "apiVersion": ModelServe::api_version(&()),
         "kind": ModelServe::kind(&()),
         "status": status,
     });
-    api.patch_status(&ms.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-        .await?;
+    api.patch_status(
+        &ms.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     if let Some(stage) = &status.stage {
-        ctx.metrics.models_by_stage.get_or_create(&StageLabel { stage: stage.clone() }).set(1);
+        ctx.metrics
+            .models_by_stage
+            .get_or_create(&StageLabel {
+                stage: stage.clone(),
+            })
+            .set(1);
     }
     Ok(())
 }
 
 async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
-    ctx.metrics.transitions.get_or_create(&StageLabel { stage: t.type_.into() }).inc();
-    let type_ = if t.to == Status::False { EventType::Warning } else { EventType::Normal };
+    ctx.metrics
+        .transitions
+        .get_or_create(&StageLabel {
+            stage: t.type_.into(),
+        })
+        .inc();
+    let type_ = if t.to == Status::False {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
     let from = t.from.as_deref().unwrap_or("unset");
     let event = Event {
         type_,
         reason: t.reason.clone(),
-        note: Some(truncate_note(&format!("{} {} -> {}: {}", t.type_, from, t.to.as_str(), t.message))),
+        note: Some(truncate_note(&format!(
+            "{} {} -> {}: {}",
+            t.type_,
+            from,
+            t.to.as_str(),
+            t.message
+        ))),
         action: t.type_.into(),
         secondary: None,
     };
@@ -186,7 +258,12 @@ fn truncate_note(s: &str) -> String {
 }
 
 fn error_policy(ms: Arc<ModelServe>, error: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics.errors.get_or_create(&ReasonLabel { reason: error.reason().into() }).inc();
+    ctx.metrics
+        .errors
+        .get_or_create(&ReasonLabel {
+            reason: error.reason().into(),
+        })
+        .inc();
     warn!(name = %ms.name_any(), reason = error.reason(), error = %error, "reconcile failed; retrying");
     let key = ObjectRef::from(ms.as_ref());
     // error_policy is sync; try_lock keeps it so, and a contended lock just uses the first step.
@@ -203,7 +280,9 @@ fn error_policy(ms: Arc<ModelServe>, error: &Error, ctx: Arc<Context>) -> Action
 
 /// Capped exponential backoff: 1 s, 2 s, 4 s ... up to 5 minutes.
 pub fn backoff(failures: u32) -> Duration {
-    let secs = 1u64.checked_shl(failures.saturating_sub(1)).unwrap_or(u64::MAX);
+    let secs = 1u64
+        .checked_shl(failures.saturating_sub(1))
+        .unwrap_or(u64::MAX);
     Duration::from_secs(secs.min(300))
 }
 
@@ -216,7 +295,8 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     fn model(generation: i64) -> ModelServe {
-        let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
+        let spec: ModelServeSpec =
+            serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
         let mut ms = ModelServe::new("m", spec);
         ms.metadata.generation = Some(generation);
         ms
@@ -236,7 +316,10 @@ mod tests {
         assert_eq!(s.conditions.len(), 7);
         assert_eq!(s.observed_generation, Some(3));
         assert_eq!(s.stage.as_deref(), Some("Resolve"));
-        assert_eq!(conditions::get(&s.conditions, "Ready").unwrap().status, "False");
+        assert_eq!(
+            conditions::get(&s.conditions, "Ready").unwrap().status,
+            "False"
+        );
         assert_eq!(transitions.len(), 7, "every new condition is an Event");
     }
 
@@ -244,7 +327,10 @@ mod tests {
     fn nothing_to_write_when_only_time_moved() {
         let (first, _) = next_status(Default::default(), &not_built(), &model(1), &at(0));
         let (second, transitions) = next_status(first.clone(), &not_built(), &model(1), &at(3600));
-        assert_eq!(first, second, "a later clock alone must not change status, or the write wakes the controller forever");
+        assert_eq!(
+            first, second,
+            "a later clock alone must not change status, or the write wakes the controller forever"
+        );
         assert!(transitions.is_empty());
     }
 
@@ -253,7 +339,12 @@ mod tests {
         let (first, _) = next_status(Default::default(), &not_built(), &model(1), &at(0));
         let (second, _) = next_status(first.clone(), &not_built(), &model(2), &at(10));
         assert_ne!(first, second);
-        assert!(second.conditions.iter().all(|c| c.observed_generation == Some(2)));
+        assert!(
+            second
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(2))
+        );
     }
 
     #[test]

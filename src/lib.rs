@@ -17,8 +17,14 @@ pub enum Error {
     )]
     CrdMissing,
 
-    #[error("cannot reach the Kubernetes API server: {0}")]
-    Unreachable(#[source] kube::Error),
+    #[error(
+        "cannot reach the Kubernetes API server at {url}: {source}; check KUBECONFIG and that the cluster is up"
+    )]
+    Unreachable {
+        url: String,
+        #[source]
+        source: kube::Error,
+    },
 
     #[error("no usable kubeconfig or in-cluster configuration: {0}")]
     Config(String),
@@ -45,7 +51,7 @@ impl Error {
         match self {
             Error::Kube(_) => "KubernetesApiError",
             Error::CrdMissing => "CrdMissing",
-            Error::Unreachable(_) => "ApiServerUnreachable",
+            Error::Unreachable { .. } => "ApiServerUnreachable",
             Error::Config(_) => "NoKubeconfig",
             Error::Serialize { .. } => "SerializationFailed",
             Error::Listen { .. } => "ListenFailed",

@@ -8,7 +8,13 @@ use modelserve::telemetry::{self, LogFormat};
 #[command(name = "modelserve", version, about)]
 struct Cli {
     /// Log format.
-    #[arg(long, global = true, value_enum, default_value = "human", env = "MODELSERVE_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "human",
+        env = "MODELSERVE_LOG_FORMAT"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -31,7 +37,9 @@ async fn main() -> ExitCode {
             .map_err(|e| e.to_string()),
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);
-            modelserve::controller::run(config).await.map_err(|e| e.to_string())
+            modelserve::controller::run(config)
+                .await
+                .map_err(|e| e.to_string())
         }
     };
     match result {

@@ -27,7 +27,9 @@ pub enum LogFormat {
 pub fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,hyper=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -67,11 +69,31 @@ impl Default for Metrics {
         let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let transitions = Family::<StageLabel, Counter>::default();
         let models_by_stage = Family::<StageLabel, Gauge>::default();
-        registry.register("reconciles", "Reconciles by result (ok, error)", reconciles.clone());
-        registry.register("reconcile_errors", "Failed reconciles by reason", errors.clone());
-        registry.register("reconcile_duration_seconds", "Time one reconcile took", reconcile_seconds.clone());
-        registry.register("condition_transitions", "Condition status transitions by condition type", transitions.clone());
-        registry.register("models", "ModelServes by current stage, as last reconciled", models_by_stage.clone());
+        registry.register(
+            "reconciles",
+            "Reconciles by result (ok, error)",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles by reason",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time one reconcile took",
+            reconcile_seconds.clone(),
+        );
+        registry.register(
+            "condition_transitions",
+            "Condition status transitions by condition type",
+            transitions.clone(),
+        );
+        registry.register(
+            "models",
+            "ModelServes by current stage, as last reconciled",
+            models_by_stage.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -109,24 +131,38 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), crate::Error>
         .with_state(health);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| crate::Error::Listen { what: "health and metrics", addr, source })?;
+        .map_err(|source| crate::Error::Listen {
+            what: "health and metrics",
+            addr,
+            source,
+        })?;
     tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     axum::serve(listener, app)
         .await
-        .map_err(|source| crate::Error::Listen { what: "health and metrics", addr, source })
+        .map_err(|source| crate::Error::Listen {
+            what: "health and metrics",
+            addr,
+            source,
+        })
 }
 
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     if h.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: the controller has not started watching yet")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the controller has not started watching yet",
+        )
     }
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         h.metrics.encode(),
     )
 }

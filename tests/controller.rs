@@ -21,7 +21,13 @@ impl Operator {
     fn start(tb: &Testbed, namespace: &str) -> Operator {
         let port = free_port();
         let child = Command::new(modelserve_bin())
-            .args(["controller", "--metrics-addr", &format!("127.0.0.1:{port}"), "--watch-namespace", namespace])
+            .args([
+                "controller",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--watch-namespace",
+                namespace,
+            ])
             .env("KUBECONFIG", &tb.kubeconfig)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -31,7 +37,9 @@ impl Operator {
     }
 
     async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port)).await.ok()?;
+        let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
+            .await
+            .ok()?;
         Some((r.status().as_u16(), r.text().await.ok()?))
     }
 }
@@ -51,11 +59,22 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     let op = Operator::start(&tb, &ns.name);
     let client = tb.client().await;
     let api: Api<ModelServe> = Api::namespaced(client.clone(), &ns.name);
-    let ready = eventually(Duration::from_secs(20), async || op.get("/readyz").await.filter(|(s, _)| *s == 200)).await;
-    assert!(ready.is_some(), "the controller's /readyz never answered 200");
+    let ready = eventually(Duration::from_secs(20), async || {
+        op.get("/readyz").await.filter(|(s, _)| *s == 200)
+    })
+    .await;
+    assert!(
+        ready.is_some(),
+        "the controller's /readyz never answered 200"
+    );
 
-    let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "bartowski/Qwen2.5-7B-Instruct-GGUF"})).unwrap();
-    let created = api.create(&PostParams::default(), &ModelServe::new("qwen", spec)).await.unwrap();
+    let spec: ModelServeSpec =
+        serde_json::from_value(serde_json::json!({"repo": "bartowski/Qwen2.5-7B-Instruct-GGUF"}))
+            .unwrap();
+    let created = api
+        .create(&PostParams::default(), &ModelServe::new("qwen", spec))
+        .await
+        .unwrap();
     let generation = created.metadata.generation;
 
     let status = eventually(Duration::from_secs(5), async || {
@@ -67,34 +86,65 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     .expect("within 5 s the ModelServe should have observedGeneration and seven conditions");
 
     let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
-    assert_eq!(types, ["Resolved", "Checked", "Mirrored", "Cataloged", "Placed", "SmokeTested", "Ready"]);
+    assert_eq!(
+        types,
+        [
+            "Resolved",
+            "Checked",
+            "Mirrored",
+            "Cataloged",
+            "Placed",
+            "SmokeTested",
+            "Ready"
+        ]
+    );
     let resolved = &status.conditions[0];
-    assert_eq!((resolved.status.as_str(), resolved.reason.as_str()), ("Unknown", "NotImplemented"));
+    assert_eq!(
+        (resolved.status.as_str(), resolved.reason.as_str()),
+        ("Unknown", "NotImplemented")
+    );
     assert_eq!(status.stage.as_deref(), Some("Resolve"));
-    assert_eq!(status.conditions[6].status, "False", "Ready stays False until every stage is done");
+    assert_eq!(
+        status.conditions[6].status, "False",
+        "Ready stays False until every stage is done"
+    );
     assert_eq!(status.ready.as_deref(), Some("0/1"));
 
     let events: Api<Event> = Api::namespaced(client, &ns.name);
     let found = eventually(Duration::from_secs(5), async || {
         let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("qwen") && e.reason.as_deref() == Some("NotImplemented"))
+        list.items.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("qwen")
+                && e.reason.as_deref() == Some("NotImplemented")
+        })
     })
     .await;
-    assert!(found.is_some(), "an Event should record the Resolved condition's transition");
+    assert!(
+        found.is_some(),
+        "an Event should record the Resolved condition's transition"
+    );
 
     // Nothing changes on its own: the status is not rewritten (resourceVersion stays).
     let rv = api.get("qwen").await.unwrap().metadata.resource_version;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(api.get("qwen").await.unwrap().metadata.resource_version, rv, "an idle ModelServe must not be rewritten");
+    assert_eq!(
+        api.get("qwen").await.unwrap().metadata.resource_version,
+        rv,
+        "an idle ModelServe must not be rewritten"
+    );
 
     let (code, body) = op.get("/healthz").await.unwrap();
     assert_eq!((code, body.as_str()), (200, "ok"));
     let (code, metrics) = op.get("/metrics").await.unwrap();
     assert_eq!(code, 200);
-    assert!(metrics.contains("modelserve_reconciles_total{result=\"ok\"}"), "{metrics}");
-    assert!(metrics.contains("modelserve_condition_transitions_total"), "{metrics}");
+    assert!(
+        metrics.contains("modelserve_reconciles_total{result=\"ok\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("modelserve_condition_transitions_total"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -105,8 +155,13 @@ async fn a_spec_change_is_observed_with_the_new_generation() {
     let _op = Operator::start(&tb, &ns.name);
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
     let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
-    api.create(&PostParams::default(), &ModelServe::new("m", spec)).await.unwrap();
-    let first = eventually(Duration::from_secs(20), async || api.get("m").await.ok()?.status?.observed_generation).await;
+    api.create(&PostParams::default(), &ModelServe::new("m", spec))
+        .await
+        .unwrap();
+    let first = eventually(Duration::from_secs(20), async || {
+        api.get("m").await.ok()?.status?.observed_generation
+    })
+    .await;
     assert_eq!(first, Some(1));
     tb.kubectl_ok(&["scale", "-n", &ns.name, "modelserve/m", "--replicas=2"]);
     let second = eventually(Duration::from_secs(10), async || {
@@ -115,6 +170,11 @@ async fn a_spec_change_is_observed_with_the_new_generation() {
     })
     .await
     .expect("the scaled spec is observed");
-    assert!(second.conditions.iter().all(|c| c.observed_generation == Some(2)));
+    assert!(
+        second
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(2))
+    );
     assert_eq!(second.ready.as_deref(), Some("0/2"));
 }

@@ -15,6 +15,11 @@ fn committed_crd_matches_the_rust_types() {
 #[test]
 fn the_chart_ships_the_same_crd() {
     let committed = std::fs::read_to_string(support::repo_path("crds/modelserve.yaml")).unwrap();
-    let chart = std::fs::read_to_string(support::repo_path("charts/modelserve/crds/modelserve.yaml")).unwrap();
-    assert!(committed == chart, "charts/modelserve/crds/modelserve.yaml differs from crds/: `cp crds/modelserve.yaml charts/modelserve/crds/`");
+    let chart =
+        std::fs::read_to_string(support::repo_path("charts/modelserve/crds/modelserve.yaml"))
+            .unwrap();
+    assert!(
+        committed == chart,
+        "charts/modelserve/crds/modelserve.yaml differs from crds/: `cp crds/modelserve.yaml charts/modelserve/crds/`"
+    );
 }

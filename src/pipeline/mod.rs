@@ -60,7 +60,11 @@ pub enum Outcome {
     /// The stage holds; the pipeline moves on.
     Done { reason: String, message: String },
     /// In progress; look again after `after`.
-    Waiting { reason: String, message: String, after: Duration },
+    Waiting {
+        reason: String,
+        message: String,
+        after: Duration,
+    },
     /// Cannot succeed until the spec changes; no retry.
     Failed { reason: String, message: String },
     /// Not built yet: said plainly rather than pretended.
@@ -72,13 +76,18 @@ impl Outcome {
         let c = stage.condition();
         match self {
             Outcome::Done { reason, message } => Desired::new(c, Status::True, reason, message),
-            Outcome::Waiting { reason, message, .. } => Desired::new(c, Status::Unknown, reason, message),
+            Outcome::Waiting {
+                reason, message, ..
+            } => Desired::new(c, Status::Unknown, reason, message),
             Outcome::Failed { reason, message } => Desired::new(c, Status::False, reason, message),
             Outcome::NotImplemented => Desired::new(
                 c,
                 Status::Unknown,
                 "NotImplemented",
-                format!("the {} stage is not built yet in this modelserve version; the pipeline stops here", stage.name()),
+                format!(
+                    "the {} stage is not built yet in this modelserve version; the pipeline stops here",
+                    stage.name()
+                ),
             ),
         }
     }
@@ -98,7 +107,11 @@ pub struct Report {
 }
 
 /// Runs the stages in order, letting each write its part of `status`.
-pub async fn run(ctx: &Context, ms: &ModelServe, status: &mut ModelServeStatus) -> Result<Report, crate::Error> {
+pub async fn run(
+    ctx: &Context,
+    ms: &ModelServe,
+    status: &mut ModelServeStatus,
+) -> Result<Report, crate::Error> {
     let mut outcomes = Vec::with_capacity(Stage::ALL.len());
     for stage in Stage::ALL {
         if stage == Stage::Place && ms.spec.replicas == 0 {
@@ -114,11 +127,19 @@ pub async fn run(ctx: &Context, ms: &ModelServe, status: &mut ModelServeStatus) 
     Ok(decide(&outcomes, ms.spec.replicas))
 }
 
-async fn run_stage(stage: Stage, _ctx: &Context, _ms: &ModelServe, _status: &mut ModelServeStatus) -> Result<Outcome, crate::Error> {
+async fn run_stage(
+    stage: Stage,
+    _ctx: &Context,
+    _ms: &ModelServe,
+    _status: &mut ModelServeStatus,
+) -> Result<Outcome, crate::Error> {
     Ok(match stage {
-        Stage::Resolve | Stage::Check | Stage::Mirror | Stage::Catalog | Stage::Place | Stage::SmokeTest => {
-            Outcome::NotImplemented
-        }
+        Stage::Resolve
+        | Stage::Check
+        | Stage::Mirror
+        | Stage::Catalog
+        | Stage::Place
+        | Stage::SmokeTest => Outcome::NotImplemented,
     })
 }
 
@@ -137,8 +158,9 @@ pub fn decide(outcomes: &[(Stage, Outcome)], replicas: i32) -> Report {
         }
     }
     let ran_to_catalog = outcomes.len() == 4 && stage.is_none();
-    let on_demand = (replicas == 0 && ran_to_catalog)
-        .then(|| "replicas is 0: the model is cataloged and starts on the next scale-up".to_string());
+    let on_demand = (replicas == 0 && ran_to_catalog).then(|| {
+        "replicas is 0: the model is cataloged and starts on the next scale-up".to_string()
+    });
     for s in Stage::ALL.iter().skip(outcomes.len()) {
         conditions.push(match &on_demand {
             Some(msg) => Desired::new(s.condition(), Status::Unknown, "OnDemand", msg.clone()),
@@ -146,11 +168,19 @@ pub fn decide(outcomes: &[(Stage, Outcome)], replicas: i32) -> Report {
                 s.condition(),
                 Status::Unknown,
                 "WaitingForEarlierStage",
-                format!("waits for the {} stage", stage.map_or("previous", Stage::name)),
+                format!(
+                    "waits for the {} stage",
+                    stage.map_or("previous", Stage::name)
+                ),
             ),
         });
     }
-    Report { stage, conditions, on_demand, requeue }
+    Report {
+        stage,
+        conditions,
+        on_demand,
+        requeue,
+    }
 }
 
 #[cfg(test)]
@@ -158,7 +188,10 @@ mod tests {
     use super::*;
 
     fn done() -> Outcome {
-        Outcome::Done { reason: "Ok".into(), message: "ok".into() }
+        Outcome::Done {
+            reason: "Ok".into(),
+            message: "ok".into(),
+        }
     }
 
     #[test]
@@ -166,24 +199,51 @@ mod tests {
         let r = decide(&[(Stage::Resolve, Outcome::NotImplemented)], 1);
         assert_eq!(r.stage, Some(Stage::Resolve));
         assert_eq!(r.conditions.len(), 6);
-        assert_eq!((r.conditions[0].status, r.conditions[0].reason.as_str()), (Status::Unknown, "NotImplemented"));
-        assert!(r.conditions[1..].iter().all(|c| c.reason == "WaitingForEarlierStage" && c.status == Status::Unknown));
-        assert_eq!(r.conditions.iter().map(|c| c.type_).collect::<Vec<_>>(), Stage::ALL.map(Stage::condition));
+        assert_eq!(
+            (r.conditions[0].status, r.conditions[0].reason.as_str()),
+            (Status::Unknown, "NotImplemented")
+        );
+        assert!(
+            r.conditions[1..]
+                .iter()
+                .all(|c| c.reason == "WaitingForEarlierStage" && c.status == Status::Unknown)
+        );
+        assert_eq!(
+            r.conditions.iter().map(|c| c.type_).collect::<Vec<_>>(),
+            Stage::ALL.map(Stage::condition)
+        );
     }
 
     #[test]
     fn a_permanent_failure_is_false_and_names_the_stage() {
-        let f = Outcome::Failed { reason: "RepoNotFound".into(), message: "no such repo".into() };
+        let f = Outcome::Failed {
+            reason: "RepoNotFound".into(),
+            message: "no such repo".into(),
+        };
         let r = decide(&[(Stage::Resolve, f)], 1);
         assert_eq!(r.conditions[0].status, Status::False);
         assert_eq!(r.stage, Some(Stage::Resolve));
-        assert_eq!(r.requeue, None, "a permanent failure waits for a spec change");
+        assert_eq!(
+            r.requeue, None,
+            "a permanent failure waits for a spec change"
+        );
     }
 
     #[test]
     fn waiting_requeues_after_the_stage_asks() {
-        let w = Outcome::Waiting { reason: "Downloading".into(), message: "41%".into(), after: Duration::from_secs(5) };
-        let r = decide(&[(Stage::Resolve, done()), (Stage::Check, done()), (Stage::Mirror, w)], 1);
+        let w = Outcome::Waiting {
+            reason: "Downloading".into(),
+            message: "41%".into(),
+            after: Duration::from_secs(5),
+        };
+        let r = decide(
+            &[
+                (Stage::Resolve, done()),
+                (Stage::Check, done()),
+                (Stage::Mirror, w),
+            ],
+            1,
+        );
         assert_eq!(r.stage, Some(Stage::Mirror));
         assert_eq!(r.requeue, Some(Duration::from_secs(5)));
     }

@@ -17,12 +17,16 @@ fn state_dir() -> PathBuf {
     if let Ok(d) = std::env::var("MODELSERVE_TESTBED_DIR") {
         return d.into();
     }
-    let cache = std::env::var("MODELSERVE_CACHE").map(PathBuf::from).unwrap_or_else(|_| {
-        std::env::var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache"))
-            .join("modelserve")
-    });
+    let cache = std::env::var("MODELSERVE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            std::env::var("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache")
+                })
+                .join("modelserve")
+        });
     cache.join("testbed-run")
 }
 
@@ -50,7 +54,10 @@ impl Testbed {
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.command("kubectl").args(args).output().expect("run kubectl")
+        self.command("kubectl")
+            .args(args)
+            .output()
+            .expect("run kubectl")
     }
 
     /// kubectl with `stdin` piped in.
@@ -64,14 +71,24 @@ impl Testbed {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run kubectl");
-        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
         child.wait_with_output().unwrap()
     }
 
     /// kubectl that must succeed; returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(out.status.success(), "kubectl {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kubectl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap()
     }
 
@@ -84,20 +101,37 @@ impl Testbed {
 
     pub async fn client(&self) -> kube::Client {
         let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("read kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .expect("kubeconfig");
         kube::Client::try_from(config).expect("client")
     }
 
     /// Installs the committed CRD and waits until it is served.
     pub fn install_crd(&self) {
-        self.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", &repo_path("crds/modelserve.yaml")]);
-        self.kubectl_ok(&["wait", "--for=condition=Established", "crd/modelserves.modelserve.dev", "--timeout=30s"]);
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            &repo_path("crds/modelserve.yaml"),
+        ]);
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/modelserves.modelserve.dev",
+            "--timeout=30s",
+        ]);
     }
 
     /// A fresh namespace, deleted when the returned guard drops.
     pub fn namespace(&self, prefix: &str) -> Namespace<'_> {
         static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         self.kubectl_ok(&["create", "namespace", &name]);
         // The controller-manager creates the default ServiceAccount shortly after.
         Namespace { tb: self, name }
@@ -111,13 +145,18 @@ pub struct Namespace<'a> {
 
 impl Drop for Namespace<'_> {
     fn drop(&mut self) {
-        let _ = self.tb.kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+        let _ = self
+            .tb
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
 }
 
 /// A path inside the repository.
 pub fn repo_path(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel).to_string_lossy().into_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(rel)
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Polls `f` until it returns Some or `timeout` passes.
@@ -136,7 +175,11 @@ pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option
 
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// The operator binary this test run built.
