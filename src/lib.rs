@@ -3,6 +3,8 @@
 pub mod api;
 pub mod conditions;
 pub mod controller;
+pub mod hub;
+pub mod naming;
 pub mod pipeline;
 pub mod telemetry;
 
