@@ -12,7 +12,11 @@ pub fn served_name(repo: &str) -> String {
         .unwrap_or(&lower);
     let mut out = String::with_capacity(base.len());
     for c in base.chars() {
-        let c = if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' };
+        let c = if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            c
+        } else {
+            '-'
+        };
         if c == '-' && out.ends_with('-') {
             continue;
         }
@@ -20,7 +24,11 @@ pub fn served_name(repo: &str) -> String {
     }
     out.truncate(63);
     let trimmed = out.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    if trimmed.is_empty() { "model".to_string() } else { trimmed.to_string() }
+    if trimmed.is_empty() {
+        "model".to_string()
+    } else {
+        trimmed.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -29,10 +37,16 @@ mod tests {
 
     #[test]
     fn strips_the_owner_and_the_gguf_suffix_and_lowercases() {
-        assert_eq!(served_name("bartowski/Qwen2.5-7B-Instruct-GGUF"), "qwen2.5-7b-instruct");
+        assert_eq!(
+            served_name("bartowski/Qwen2.5-7B-Instruct-GGUF"),
+            "qwen2.5-7b-instruct"
+        );
         assert_eq!(served_name("unsloth/Qwen3-0.6B-GGUF"), "qwen3-0.6b");
         assert_eq!(served_name("ggml-org/gemma-3-1b-it-GGUF"), "gemma-3-1b-it");
-        assert_eq!(served_name("second-state/All-MiniLM-L6-v2-Embedding-GGUF"), "all-minilm-l6-v2-embedding");
+        assert_eq!(
+            served_name("second-state/All-MiniLM-L6-v2-Embedding-GGUF"),
+            "all-minilm-l6-v2-embedding"
+        );
     }
 
     #[test]

@@ -41,12 +41,26 @@ pub enum HubError {
         "{repo} is gated and the token's account is not in its authorized list yet: ask for access at {url}, then change the spec to retry"
     )]
     GatedNotApproved { repo: String, url: String },
-    #[error("{repo} is disabled on the registry (access to it is turned off by its owner or the registry)")]
+    #[error("{repo} at {revision} has no file {path}")]
+    FileNotFound {
+        repo: String,
+        revision: String,
+        path: String,
+    },
+    #[error(
+        "{repo} is disabled on the registry (access to it is turned off by its owner or the registry)"
+    )]
     Disabled { repo: String },
-    #[error("the registry rejected the token (invalid credentials) for {repo}: check the Secret the token comes from")]
+    #[error(
+        "the registry rejected the token (invalid credentials) for {repo}: check the Secret the token comes from"
+    )]
     BadToken { repo: String },
     #[error("the registry refused access to {repo} ({status}): {message}")]
-    Forbidden { repo: String, status: u16, message: String },
+    Forbidden {
+        repo: String,
+        status: u16,
+        message: String,
+    },
     #[error("the registry is rate-limiting these requests; retrying after {retry_after:?}")]
     RateLimited { retry_after: Duration },
     #[error("the registry is unavailable ({cause}) after {attempts} attempts; retrying")]
@@ -56,7 +70,11 @@ pub enum HubError {
     #[error("{repo} lists more than {max} files; this is more than the operator reads")]
     TooManyFiles { repo: String, max: usize },
     #[error("{what} {value:?} is not valid: {why}")]
-    InvalidInput { what: &'static str, value: String, why: &'static str },
+    InvalidInput {
+        what: &'static str,
+        value: String,
+        why: &'static str,
+    },
 }
 
 impl HubError {
@@ -67,6 +85,7 @@ impl HubError {
             HubError::RevisionNotFound { .. } => "RevisionNotFound",
             HubError::GatedNoToken { .. } => "GatedRepoNoToken",
             HubError::GatedNotApproved { .. } => "GatedRepoNotApproved",
+            HubError::FileNotFound { .. } => "FileNotFound",
             HubError::Disabled { .. } => "RepoDisabled",
             HubError::BadToken { .. } => "InvalidToken",
             HubError::Forbidden { .. } => "AccessDenied",
@@ -80,7 +99,12 @@ impl HubError {
 
     /// Whether retrying later can help without a change of spec.
     pub fn is_transient(&self) -> bool {
-        matches!(self, HubError::RateLimited { .. } | HubError::Unavailable { .. } | HubError::Malformed { .. })
+        matches!(
+            self,
+            HubError::RateLimited { .. }
+                | HubError::Unavailable { .. }
+                | HubError::Malformed { .. }
+        )
     }
 }
 
@@ -92,6 +116,8 @@ pub struct Retry {
     pub max_delay: Duration,
     /// A rate limit that resets within this long is waited out inside the call.
     pub max_rate_limit_wait: Duration,
+    /// Limit of one request, headers and body.
+    pub request_timeout: Duration,
 }
 
 impl Default for Retry {
@@ -101,6 +127,7 @@ impl Default for Retry {
             base: Duration::from_millis(500),
             max_delay: Duration::from_secs(8),
             max_rate_limit_wait: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -163,11 +190,12 @@ impl Hub {
         let client = |policy| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
-                .timeout(Duration::from_secs(60))
                 .redirect(policy)
                 .no_proxy()
                 .build()
-                .map_err(|e| HubError::Malformed { what: format!("HTTP client: {e}") })
+                .map_err(|e| HubError::Malformed {
+                    what: format!("HTTP client: {e}"),
+                })
         };
         Ok(Hub {
             http: client(reqwest::redirect::Policy::limited(10))?,
@@ -196,48 +224,89 @@ impl Hub {
     pub async fn model_info(&self, repo: &str, revision: &str) -> Result<ModelInfo, HubError> {
         check_repo(repo)?;
         check_revision(revision)?;
-        let url = self.url(&format!("api/models/{repo}/revision/{}", utf8_percent_encode(revision, SEGMENT)))?;
-        let ctx = Ctx { repo, revision: Some(revision) };
+        let url = self.url(&format!(
+            "api/models/{repo}/revision/{}",
+            utf8_percent_encode(revision, SEGMENT)
+        ))?;
+        let ctx = Ctx {
+            repo,
+            revision: Some(revision),
+            path: None,
+        };
         let resp = self.send(Method::GET, url, &ctx).await?;
-        let raw: RawInfo = resp.json().await.map_err(|e| HubError::Malformed { what: format!("model info of {repo}: {e}") })?;
-        let commit = raw.sha.filter(|s| is_hex(s, 40)).ok_or_else(|| HubError::Malformed {
-            what: format!("model info of {repo} has no 40-hex commit sha"),
+        let raw: RawInfo = resp.json().await.map_err(|e| HubError::Malformed {
+            what: format!("model info of {repo}: {e}"),
         })?;
+        let commit = raw
+            .sha
+            .filter(|s| is_hex(s, 40))
+            .ok_or_else(|| HubError::Malformed {
+                what: format!("model info of {repo} has no 40-hex commit sha"),
+            })?;
         let gated = match raw.gated {
             serde_json::Value::String(s) => Some(s),
             serde_json::Value::Bool(true) => Some("true".into()),
             _ => None,
         };
-        Ok(ModelInfo { commit, gated, private: raw.private, disabled: raw.disabled })
+        Ok(ModelInfo {
+            commit,
+            gated,
+            private: raw.private,
+            disabled: raw.disabled,
+        })
     }
 
     /// Every file of `repo` at `commit`, following the tree's pagination.
     pub async fn tree(&self, repo: &str, commit: &str) -> Result<Vec<RepoFile>, HubError> {
         check_repo(repo)?;
         check_revision(commit)?;
-        let ctx = Ctx { repo, revision: Some(commit) };
+        let ctx = Ctx {
+            repo,
+            revision: Some(commit),
+            path: None,
+        };
         let mut next = Some(self.url(&format!("api/models/{repo}/tree/{commit}?recursive=true"))?);
         let mut files = Vec::new();
         let mut pages = 0;
         while let Some(url) = next.take() {
             pages += 1;
             if pages > MAX_TREE_PAGES {
-                return Err(HubError::TooManyFiles { repo: repo.into(), max: files.len() });
+                return Err(HubError::TooManyFiles {
+                    repo: repo.into(),
+                    max: files.len(),
+                });
             }
             let resp = self.send(Method::GET, url, &ctx).await?;
             next = next_link(resp.headers(), &self.endpoint)?;
-            let entries: Vec<RawEntry> =
-                resp.json().await.map_err(|e| HubError::Malformed { what: format!("tree of {repo}: {e}") })?;
-            for e in entries.into_iter().filter(|e| e.kind == "file" && safe_path(&e.path)) {
+            let entries: Vec<RawEntry> = resp.json().await.map_err(|e| HubError::Malformed {
+                what: format!("tree of {repo}: {e}"),
+            })?;
+            for e in entries
+                .into_iter()
+                .filter(|e| e.kind == "file" && safe_path(&e.path))
+            {
                 let sha256 = match e.lfs {
-                    Some(lfs) if is_hex(&lfs.oid, 64) && lfs.size == e.size => Some(lfs.oid.to_ascii_lowercase()),
-                    Some(_) => return Err(HubError::Malformed { what: format!("LFS entry of {} in {repo}", e.path) }),
+                    Some(lfs) if is_hex(&lfs.oid, 64) && lfs.size == e.size => {
+                        Some(lfs.oid.to_ascii_lowercase())
+                    }
+                    Some(_) => {
+                        return Err(HubError::Malformed {
+                            what: format!("LFS entry of {} in {repo}", e.path),
+                        });
+                    }
                     None => None,
                 };
-                files.push(RepoFile { path: e.path, size: e.size, sha256 });
+                files.push(RepoFile {
+                    path: e.path,
+                    size: e.size,
+                    sha256,
+                });
             }
             if files.len() > MAX_TREE_ENTRIES {
-                return Err(HubError::TooManyFiles { repo: repo.into(), max: MAX_TREE_ENTRIES });
+                return Err(HubError::TooManyFiles {
+                    repo: repo.into(),
+                    max: MAX_TREE_ENTRIES,
+                });
             }
         }
         Ok(files)
@@ -249,25 +318,111 @@ impl Hub {
         check_repo(repo)?;
         check_revision(commit)?;
         let url = self.resolve_url(repo, commit, path)?;
-        let ctx = Ctx { repo, revision: Some(commit) };
-        self.send_with(&self.probe, Method::HEAD, url, &ctx).await.map(|_| ())
+        let ctx = Ctx {
+            repo,
+            revision: Some(commit),
+            path: Some(path),
+        };
+        self.send_with(&self.probe, Method::HEAD, url, &ctx, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Reads `len` bytes of a file at `offset`, following the registry's redirect to its CDN
+    /// (without the token). A server that ignores Range is read only as far as needed.
+    pub async fn read_range(
+        &self,
+        repo: &str,
+        commit: &str,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, HubError> {
+        use futures::StreamExt;
+        const MAX_RANGE: u64 = 64 << 20;
+        if len == 0 || len > MAX_RANGE {
+            return Err(HubError::InvalidInput {
+                what: "byte range length",
+                value: len.to_string(),
+                why: "it must be 1 byte to 64 MiB",
+            });
+        }
+        check_repo(repo)?;
+        check_revision(commit)?;
+        let url = self.resolve_url(repo, commit, path)?;
+        let ctx = Ctx {
+            repo,
+            revision: Some(commit),
+            path: Some(path),
+        };
+        let range = format!("bytes={}-{}", offset, offset.saturating_add(len - 1));
+        let resp = self.send_ranged(Method::GET, url, &ctx, &range).await?;
+        let skip = if resp.status() == StatusCode::PARTIAL_CONTENT {
+            0
+        } else {
+            offset
+        };
+        let mut out = Vec::with_capacity(len as usize);
+        let mut seen = 0u64;
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| HubError::Unavailable {
+                cause: describe(&e),
+                attempts: 1,
+            })?;
+            let start = skip.saturating_sub(seen).min(chunk.len() as u64) as usize;
+            seen += chunk.len() as u64;
+            let want = (len as usize).saturating_sub(out.len());
+            out.extend_from_slice(&chunk[start..chunk.len().min(start + want)]);
+            if out.len() as u64 >= len {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// The download URL of a file at a commit.
     pub fn resolve_url(&self, repo: &str, commit: &str, path: &str) -> Result<Url, HubError> {
         if !safe_path(path) {
-            return Err(HubError::InvalidInput { what: "file path", value: path.into(), why: "it must be a relative path without '..'" });
+            return Err(HubError::InvalidInput {
+                what: "file path",
+                value: path.into(),
+                why: "it must be a relative path without '..'",
+            });
         }
-        let encoded: Vec<String> = path.split('/').map(|s| utf8_percent_encode(s, SEGMENT).to_string()).collect();
+        let encoded: Vec<String> = path
+            .split('/')
+            .map(|s| utf8_percent_encode(s, SEGMENT).to_string())
+            .collect();
         self.url(&format!("{repo}/resolve/{commit}/{}", encoded.join("/")))
     }
 
     fn url(&self, rel: &str) -> Result<Url, HubError> {
-        self.endpoint.join(rel).map_err(|e| HubError::InvalidInput { what: "registry URL", value: rel.into(), why: url_problem(e) })
+        self.endpoint.join(rel).map_err(|e| HubError::InvalidInput {
+            what: "registry URL",
+            value: rel.into(),
+            why: url_problem(e),
+        })
     }
 
-    async fn send(&self, method: Method, url: Url, ctx: &Ctx<'_>) -> Result<reqwest::Response, HubError> {
-        self.send_with(&self.http, method, url, ctx).await
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        ctx: &Ctx<'_>,
+    ) -> Result<reqwest::Response, HubError> {
+        self.send_with(&self.http, method, url, ctx, None).await
+    }
+
+    async fn send_ranged(
+        &self,
+        method: Method,
+        url: Url,
+        ctx: &Ctx<'_>,
+        range: &str,
+    ) -> Result<reqwest::Response, HubError> {
+        self.send_with(&self.http, method, url, ctx, Some(range))
+            .await
     }
 
     async fn send_with(
@@ -276,31 +431,52 @@ impl Hub {
         method: Method,
         url: Url,
         ctx: &Ctx<'_>,
+        range: Option<&str>,
     ) -> Result<reqwest::Response, HubError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let mut req = http
                 .request(method.clone(), url.clone())
-                .header(USER_AGENT, concat!("modelserve/", env!("CARGO_PKG_VERSION")));
+                .timeout(self.retry.request_timeout)
+                .header(
+                    USER_AGENT,
+                    concat!("modelserve/", env!("CARGO_PKG_VERSION")),
+                );
             if let Some(t) = &self.token {
                 req = req.header(AUTHORIZATION, format!("Bearer {t}"));
             }
+            if let Some(r) = range {
+                req = req
+                    .header(reqwest::header::RANGE, r)
+                    .header(reqwest::header::ACCEPT_ENCODING, "identity");
+            }
             let (cause, wait) = match req.send().await {
-                Ok(resp) if resp.status().is_success() || resp.status().is_redirection() => return Ok(resp),
+                Ok(resp) if resp.status().is_success() || resp.status().is_redirection() => {
+                    return Ok(resp);
+                }
                 Ok(resp) if resp.status() == StatusCode::TOO_MANY_REQUESTS => {
-                    let wait = rate_limit_reset(resp.headers()).unwrap_or_else(|| backoff(self.retry, attempt));
+                    let wait = rate_limit_reset(resp.headers())
+                        .unwrap_or_else(|| backoff(self.retry, attempt));
                     if wait > self.retry.max_rate_limit_wait || attempt >= self.retry.attempts {
                         return Err(HubError::RateLimited { retry_after: wait });
                     }
                     ("429 Too Many Requests".to_string(), wait)
                 }
-                Ok(resp) if is_retryable(resp.status()) => (format!("HTTP {}", resp.status().as_u16()), backoff(self.retry, attempt)),
-                Ok(resp) => return Err(map_error(resp, ctx, &self.endpoint, self.token.is_some()).await),
+                Ok(resp) if is_retryable(resp.status()) => (
+                    format!("HTTP {}", resp.status().as_u16()),
+                    backoff(self.retry, attempt),
+                ),
+                Ok(resp) => {
+                    return Err(map_error(resp, ctx, &self.endpoint, self.token.is_some()).await);
+                }
                 Err(e) => (describe(&e), backoff(self.retry, attempt)),
             };
             if attempt >= self.retry.attempts {
-                return Err(HubError::Unavailable { cause, attempts: attempt });
+                return Err(HubError::Unavailable {
+                    cause,
+                    attempts: attempt,
+                });
             }
             tracing::debug!(%cause, ?wait, attempt, "registry request failed; retrying");
             tokio::time::sleep(wait).await;
@@ -311,6 +487,7 @@ impl Hub {
 struct Ctx<'a> {
     repo: &'a str,
     revision: Option<&'a str>,
+    path: Option<&'a str>,
 }
 
 fn is_retryable(s: StatusCode) -> bool {
@@ -318,7 +495,9 @@ fn is_retryable(s: StatusCode) -> bool {
 }
 
 fn backoff(r: Retry, attempt: u32) -> Duration {
-    let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+    let factor = 1u32
+        .checked_shl(attempt.saturating_sub(1))
+        .unwrap_or(u32::MAX);
     r.base.saturating_mul(factor).min(r.max_delay)
 }
 
@@ -334,23 +513,69 @@ fn describe(e: &reqwest::Error) -> String {
 
 /// Seconds until the rate limit resets: `RateLimit: "api";r=0;t=N`, else `Retry-After: N`.
 pub fn rate_limit_reset(h: &HeaderMap) -> Option<Duration> {
-    let from_ratelimit = h.get("ratelimit").and_then(|v| v.to_str().ok()).and_then(|v| {
-        v.split(';').find_map(|p| p.trim().strip_prefix("t=").and_then(|n| n.trim().parse::<u64>().ok()))
-    });
-    let from_retry_after = || h.get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-    from_ratelimit.or_else(from_retry_after).map(|s| Duration::from_secs(s.min(3600)))
+    let from_ratelimit = h
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(';').find_map(|p| {
+                p.trim()
+                    .strip_prefix("t=")
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            })
+        });
+    let from_retry_after = || {
+        h.get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    from_ratelimit
+        .or_else(from_retry_after)
+        .map(|s| Duration::from_secs(s.min(3600)))
 }
 
-async fn map_error(resp: reqwest::Response, ctx: &Ctx<'_>, endpoint: &Url, had_token: bool) -> HubError {
+async fn map_error(
+    resp: reqwest::Response,
+    ctx: &Ctx<'_>,
+    endpoint: &Url,
+    had_token: bool,
+) -> HubError {
     let status = resp.status().as_u16();
-    let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
     let code = header("x-error-code").unwrap_or_default();
     let message = header("x-error-message").unwrap_or_default();
-    let body: String = resp.text().await.unwrap_or_default().chars().take(300).collect();
+    let body: String = resp
+        .text()
+        .await
+        .unwrap_or_default()
+        .chars()
+        .take(300)
+        .collect();
     let repo = ctx.repo.to_string();
-    let url = endpoint.join(ctx.repo).map(|u| u.to_string()).unwrap_or_else(|_| ctx.repo.to_string());
+    let url = endpoint
+        .join(ctx.repo)
+        .map(|u| u.to_string())
+        .unwrap_or_else(|_| ctx.repo.to_string());
     match (status, code.as_str()) {
-        (_, "RevisionNotFound") => HubError::RevisionNotFound { repo, revision: ctx.revision.unwrap_or_default().into() },
+        (_, "EntryNotFound") => HubError::FileNotFound {
+            repo,
+            revision: ctx.revision.unwrap_or_default().into(),
+            path: ctx.path.unwrap_or_default().into(),
+        },
+        (416, _) => HubError::Malformed {
+            what: format!(
+                "a byte range beyond the end of {}",
+                ctx.path.unwrap_or_default()
+            ),
+        },
+        (_, "RevisionNotFound") => HubError::RevisionNotFound {
+            repo,
+            revision: ctx.revision.unwrap_or_default().into(),
+        },
         (_, "GatedRepo") if !had_token || status == 401 => HubError::GatedNoToken { repo, url },
         (_, "GatedRepo") => HubError::GatedNotApproved { repo, url },
         (_, "RepoNotFound") => HubError::RepoNotFound { repo },
@@ -366,17 +591,31 @@ async fn map_error(resp: reqwest::Response, ctx: &Ctx<'_>, endpoint: &Url, had_t
 }
 
 fn next_link(h: &HeaderMap, endpoint: &Url) -> Result<Option<Url>, HubError> {
-    let Some(link) = h.get(LINK).and_then(|v| v.to_str().ok()) else { return Ok(None) };
+    let Some(link) = h.get(LINK).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
     for part in link.split(',') {
-        let Some((target, params)) = part.split_once(';') else { continue };
-        if !params.split(';').any(|p| matches!(p.trim(), "rel=\"next\"" | "rel=next")) {
+        let Some((target, params)) = part.split_once(';') else {
+            continue;
+        };
+        if !params
+            .split(';')
+            .any(|p| matches!(p.trim(), "rel=\"next\"" | "rel=next"))
+        {
             continue;
         }
         let target = target.trim().trim_start_matches('<').trim_end_matches('>');
-        let url = endpoint.join(target).map_err(|e| HubError::Malformed { what: format!("Link header: {e}") })?;
+        let url = endpoint.join(target).map_err(|e| HubError::Malformed {
+            what: format!("Link header: {e}"),
+        })?;
         // The token goes with every page, so a page elsewhere is never followed.
         if url.origin() != endpoint.origin() {
-            return Err(HubError::Malformed { what: format!("the tree's next page points at another host ({})", url.origin().ascii_serialization()) });
+            return Err(HubError::Malformed {
+                what: format!(
+                    "the tree's next page points at another host ({})",
+                    url.origin().ascii_serialization()
+                ),
+            });
         }
         return Ok(Some(url));
     }
@@ -405,7 +644,8 @@ pub fn check_repo(repo: &str) -> Result<(), HubError> {
     let part_ok = |p: &str| {
         !p.is_empty()
             && p.len() <= 96
-            && p.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+            && p.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
             && p.as_bytes()[0].is_ascii_alphanumeric()
             && p.as_bytes()[p.len() - 1].is_ascii_alphanumeric()
     };
@@ -424,7 +664,9 @@ pub fn check_revision(rev: &str) -> Result<(), HubError> {
     let ok = !rev.is_empty()
         && rev.len() <= 255
         && !rev.contains("..")
-        && rev.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'/'));
+        && rev
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'/'));
     if ok {
         Ok(())
     } else {
@@ -456,21 +698,35 @@ mod tests {
     #[test]
     fn repo_and_revision_are_validated_before_any_url() {
         assert!(check_repo("bartowski/Qwen2.5-7B-Instruct-GGUF").is_ok());
-        for bad in ["noslash", "a/b/c", "../x", "a/..", "a/b?x=1", "a/b#f", "a /b", "/b", "a/", "-a/b"] {
+        for bad in [
+            "noslash", "a/b/c", "../x", "a/..", "a/b?x=1", "a/b#f", "a /b", "/b", "a/", "-a/b",
+        ] {
             let e = check_repo(bad).unwrap_err();
             assert!(e.to_string().contains("must be owner/name"), "{bad}: {e}");
         }
         assert!(check_revision("main").is_ok());
         assert!(check_revision("refs/pr/1").is_ok());
         for bad in ["", "a..b", "x?y", "x y", "a%2F"] {
-            assert_eq!(check_revision(bad).unwrap_err().reason(), "InvalidSpec", "{bad}");
+            assert_eq!(
+                check_revision(bad).unwrap_err().reason(),
+                "InvalidSpec",
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn endpoint_must_be_an_http_url() {
-        assert_eq!(parse_endpoint("https://huggingface.co/").unwrap().as_str(), "https://huggingface.co/");
-        assert_eq!(parse_endpoint("http://hub.internal:8080/mirror").unwrap().as_str(), "http://hub.internal:8080/mirror/");
+        assert_eq!(
+            parse_endpoint("https://huggingface.co/").unwrap().as_str(),
+            "https://huggingface.co/"
+        );
+        assert_eq!(
+            parse_endpoint("http://hub.internal:8080/mirror")
+                .unwrap()
+                .as_str(),
+            "http://hub.internal:8080/mirror/"
+        );
         for bad in ["huggingface.co", "ftp://x", "http://", "https://x/?a=b"] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
@@ -479,8 +735,14 @@ mod tests {
     #[test]
     fn file_paths_are_encoded_per_segment() {
         let hub = Hub::new("http://127.0.0.1:1", None).unwrap();
-        let u = hub.resolve_url("o/r", &"a".repeat(40), "BF16/m v#1.gguf").unwrap();
-        assert!(u.as_str().ends_with("/resolve/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/BF16/m%20v%231.gguf"), "{u}");
+        let u = hub
+            .resolve_url("o/r", &"a".repeat(40), "BF16/m v#1.gguf")
+            .unwrap();
+        assert!(
+            u.as_str()
+                .ends_with("/resolve/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/BF16/m%20v%231.gguf"),
+            "{u}"
+        );
         assert!(hub.resolve_url("o/r", "c", "../x").is_err());
     }
 
@@ -492,7 +754,10 @@ mod tests {
         assert_eq!(rate_limit_reset(&h), Some(Duration::from_secs(7)));
         h.remove("ratelimit");
         assert_eq!(rate_limit_reset(&h), Some(Duration::from_secs(30)));
-        h.insert(RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
+        h.insert(
+            RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
         assert_eq!(rate_limit_reset(&h), None);
     }
 
@@ -500,11 +765,25 @@ mod tests {
     fn next_page_must_stay_on_the_endpoint() {
         let ep = parse_endpoint("http://127.0.0.1:5000").unwrap();
         let mut h = HeaderMap::new();
-        h.insert(LINK, HeaderValue::from_static("<http://127.0.0.1:5000/api/models/o/r/tree/c?cursor=abc>; rel=\"next\""));
-        assert_eq!(next_link(&h, &ep).unwrap().unwrap().query(), Some("cursor=abc"));
-        h.insert(LINK, HeaderValue::from_static("<http://evil.example/x>; rel=\"next\""));
+        h.insert(
+            LINK,
+            HeaderValue::from_static(
+                "<http://127.0.0.1:5000/api/models/o/r/tree/c?cursor=abc>; rel=\"next\"",
+            ),
+        );
+        assert_eq!(
+            next_link(&h, &ep).unwrap().unwrap().query(),
+            Some("cursor=abc")
+        );
+        h.insert(
+            LINK,
+            HeaderValue::from_static("<http://evil.example/x>; rel=\"next\""),
+        );
         assert!(next_link(&h, &ep).is_err());
-        h.insert(LINK, HeaderValue::from_static("<http://127.0.0.1:5000/x>; rel=\"prev\""));
+        h.insert(
+            LINK,
+            HeaderValue::from_static("<http://127.0.0.1:5000/x>; rel=\"prev\""),
+        );
         assert_eq!(next_link(&h, &ep).unwrap(), None);
     }
 

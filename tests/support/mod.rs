@@ -1,6 +1,8 @@
 //! Harness for tests against the test bed started by `scripts/testbed up`.
 #![allow(dead_code)]
 
+pub mod fake_hub;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};

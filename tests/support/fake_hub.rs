@@ -1,0 +1,631 @@
+//! A fake Hugging Face Hub on loopback that speaks the real HTTP API: model info at a revision,
+//! the paginated recursive tree, resolve with a 302 to a second "CDN" port carrying
+//! X-Repo-Commit / X-Linked-Etag / X-Linked-Size, Range on the CDN, the real error codes, and
+//! faults injected on demand.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use sha2::{Digest, Sha256};
+
+/// One file of a fake repository.
+#[derive(Clone, Debug)]
+pub struct HubFile {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Served bytes; None for listings whose content is not needed (served as zeros).
+    pub content: Option<Arc<Vec<u8>>>,
+    pub lfs: bool,
+}
+
+impl HubFile {
+    /// A file with real bytes, stored in LFS as the Hub stores *.gguf.
+    pub fn with_bytes(path: &str, bytes: Vec<u8>) -> HubFile {
+        let sha256 = hex::encode(Sha256::digest(&bytes));
+        HubFile {
+            path: path.into(),
+            size: bytes.len() as u64,
+            sha256,
+            content: Some(Arc::new(bytes)),
+            lfs: true,
+        }
+    }
+
+    /// A listed file of `size` bytes whose content is never fetched in full.
+    pub fn listed(path: &str, size: u64) -> HubFile {
+        let sha256 = hex::encode(Sha256::digest(format!("{path}:{size}")));
+        HubFile {
+            path: path.into(),
+            size,
+            sha256,
+            content: None,
+            lfs: true,
+        }
+    }
+
+    /// A small git (non-LFS) file, like README.md.
+    pub fn git(path: &str, text: &str) -> HubFile {
+        let mut f = HubFile::with_bytes(path, text.as_bytes().to_vec());
+        f.lfs = false;
+        f
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Repo {
+    branches: BTreeMap<String, String>,
+    commits: HashMap<String, Vec<HubFile>>,
+    gated: Option<String>,
+    private: bool,
+    disabled: bool,
+    /// Tokens whose account may read the repository (gated or private).
+    approved: HashSet<String>,
+}
+
+/// A fault: the next `times` requests whose path contains `path_contains` get this answer.
+#[derive(Clone, Debug)]
+pub struct Fault {
+    pub path_contains: String,
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub times: usize,
+    /// Sleep this long before answering (a slow registry).
+    pub delay: Option<Duration>,
+}
+
+#[derive(Default)]
+struct Inner {
+    repos: HashMap<String, Repo>,
+    tokens: HashSet<String>,
+    faults: Vec<Fault>,
+    page_size: usize,
+    cdn_url: String,
+    cdn_authorizations: Vec<String>,
+    requests: Vec<String>,
+    next_commit: u64,
+}
+
+/// The running fake Hub and its CDN.
+#[derive(Clone)]
+pub struct FakeHub {
+    pub url: String,
+    pub cdn_url: String,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl FakeHub {
+    /// Starts the Hub and its CDN on two loopback ports.
+    pub async fn start() -> FakeHub {
+        let hub_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cdn_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", hub_listener.local_addr().unwrap());
+        let cdn_url = format!("http://{}", cdn_listener.local_addr().unwrap());
+        let inner = Arc::new(Mutex::new(Inner {
+            page_size: 1000,
+            cdn_url: cdn_url.clone(),
+            ..Default::default()
+        }));
+        let hub = Router::new()
+            .route("/api/models/{owner}/{name}/revision/{rev}", get(model_info))
+            .route("/api/models/{owner}/{name}/tree/{rev}", get(tree))
+            .route(
+                "/{owner}/{name}/resolve/{rev}/{*path}",
+                get(resolve).head(resolve),
+            )
+            .with_state(inner.clone());
+        let cdn = Router::new()
+            .route("/blobs/{sha}", get(cdn_blob))
+            .with_state(inner.clone());
+        tokio::spawn(async move { axum::serve(hub_listener, hub).await.unwrap() });
+        tokio::spawn(async move { axum::serve(cdn_listener, cdn).await.unwrap() });
+        FakeHub {
+            url,
+            cdn_url,
+            inner,
+        }
+    }
+
+    /// Adds a repository whose main branch points at a commit holding `files`; returns the commit.
+    pub fn add_repo(&self, repo: &str, files: Vec<HubFile>) -> String {
+        let mut inner = self.inner.lock().unwrap();
+        inner.next_commit += 1;
+        let commit = format!("{:040x}", 0xc0ffee_0000_u64 + inner.next_commit);
+        let r = inner.repos.entry(repo.into()).or_default();
+        r.commits.insert(commit.clone(), files);
+        r.branches.insert("main".into(), commit.clone());
+        commit
+    }
+
+    /// Adds a real listing from tests/fixtures/hf-listings.json at its pinned commit.
+    pub fn add_listing(&self, repo: &str) -> String {
+        let data: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/hf-listings.json"
+            ))
+            .unwrap(),
+        )
+        .unwrap();
+        let r = data["repos"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["repo"] == repo)
+            .expect("listing in the fixture");
+        let commit = r["revision"].as_str().unwrap().to_string();
+        let files = r["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                let path = f["path"].as_str().unwrap();
+                match f["size"].as_u64() {
+                    Some(size) => HubFile::listed(path, size),
+                    None => HubFile::git(path, "placeholder\n"),
+                }
+            })
+            .collect();
+        let mut inner = self.inner.lock().unwrap();
+        let repo_entry = inner.repos.entry(repo.into()).or_default();
+        repo_entry.commits.insert(commit.clone(), files);
+        repo_entry.branches.insert("main".into(), commit.clone());
+        commit
+    }
+
+    /// Moves `branch` of `repo` to a new commit with `files`; returns the new commit.
+    pub fn move_branch(&self, repo: &str, branch: &str, files: Vec<HubFile>) -> String {
+        let mut inner = self.inner.lock().unwrap();
+        inner.next_commit += 1;
+        let commit = format!("{:040x}", 0xbeef_0000_u64 + inner.next_commit);
+        let r = inner.repos.get_mut(repo).expect("repo exists");
+        r.commits.insert(commit.clone(), files);
+        r.branches.insert(branch.into(), commit.clone());
+        commit
+    }
+
+    pub fn set_gated(&self, repo: &str, mode: &str) {
+        self.with_repo(repo, |r| r.gated = Some(mode.into()));
+    }
+
+    pub fn set_private(&self, repo: &str) {
+        self.with_repo(repo, |r| r.private = true);
+    }
+
+    pub fn set_disabled(&self, repo: &str) {
+        self.with_repo(repo, |r| r.disabled = true);
+    }
+
+    /// Registers a valid token; `approve_for` lists the repos its account may read.
+    pub fn add_token(&self, token: &str, approve_for: &[&str]) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.tokens.insert(token.into());
+        for repo in approve_for {
+            inner
+                .repos
+                .entry((*repo).into())
+                .or_default()
+                .approved
+                .insert(token.into());
+        }
+    }
+
+    /// Injects a fault for the next `times` matching requests.
+    pub fn fail(&self, path_contains: &str, status: u16, headers: &[(&str, &str)], times: usize) {
+        self.inner.lock().unwrap().faults.push(Fault {
+            path_contains: path_contains.into(),
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            times,
+            delay: None,
+        });
+    }
+
+    /// Makes the next `times` matching requests answer only after `delay`.
+    pub fn slow(&self, path_contains: &str, delay: Duration, times: usize) {
+        self.inner.lock().unwrap().faults.push(Fault {
+            path_contains: path_contains.into(),
+            status: 0,
+            headers: vec![],
+            times,
+            delay: Some(delay),
+        });
+    }
+
+    /// Entries per tree page (the real Hub uses 1000).
+    pub fn set_page_size(&self, n: usize) {
+        self.inner.lock().unwrap().page_size = n.max(1);
+    }
+
+    /// Authorization headers the CDN received (it must receive none).
+    pub fn cdn_authorizations(&self) -> Vec<String> {
+        self.inner.lock().unwrap().cdn_authorizations.clone()
+    }
+
+    /// Paths the Hub was asked for, in order.
+    pub fn requests(&self) -> Vec<String> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// How many requests reached the Hub whose path contains `s`.
+    pub fn count(&self, s: &str) -> usize {
+        self.inner
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|p| p.contains(s))
+            .count()
+    }
+
+    fn with_repo(&self, repo: &str, f: impl FnOnce(&mut Repo)) {
+        f(self
+            .inner
+            .lock()
+            .unwrap()
+            .repos
+            .get_mut(repo)
+            .expect("repo exists"));
+    }
+}
+
+type Shared = Arc<Mutex<Inner>>;
+
+fn error(status: u16, code: Option<&str>, message: &str) -> Response {
+    let mut r = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(c) = code {
+        r = r.header("x-error-code", c);
+    }
+    r = r.header("x-error-message", message);
+    r.body(Body::from(
+        serde_json::json!({ "error": message }).to_string(),
+    ))
+    .unwrap()
+}
+
+/// The checks every Hub request makes, in the Hub's order. Returns the repo or the error answer.
+async fn gate(
+    state: &Shared,
+    path: &str,
+    headers: &HeaderMap,
+    repo_id: &str,
+    content: bool,
+) -> Result<Repo, Response> {
+    let fault = {
+        let mut inner = state.lock().unwrap();
+        inner.requests.push(path.to_string());
+        let found = inner
+            .faults
+            .iter_mut()
+            .find(|f| f.times > 0 && path.contains(&f.path_contains));
+        found.map(|f| {
+            f.times -= 1;
+            f.clone()
+        })
+    };
+    if let Some(f) = fault {
+        if let Some(d) = f.delay {
+            tokio::time::sleep(d).await;
+        }
+        if f.status != 0 {
+            let mut r = Response::builder().status(f.status);
+            for (k, v) in &f.headers {
+                r = r.header(k.as_str(), v.as_str());
+            }
+            return Err(r.body(Body::from("{\"error\":\"injected\"}")).unwrap());
+        }
+    }
+    let inner = state.lock().unwrap();
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    if let Some(t) = &token
+        && !inner.tokens.contains(t)
+    {
+        return Err(error(
+            401,
+            None,
+            "Invalid credentials in Authorization header",
+        ));
+    }
+    let not_found = || {
+        let status = if token.is_some() { 404 } else { 401 };
+        error(status, Some("RepoNotFound"), "Repository not found")
+    };
+    let Some(repo) = inner.repos.get(repo_id) else {
+        return Err(not_found());
+    };
+    let approved = token.as_ref().is_some_and(|t| repo.approved.contains(t));
+    if repo.private && !approved {
+        return Err(not_found());
+    }
+    if repo.disabled {
+        return Err(error(403, None, "Access to this resource is disabled."));
+    }
+    if content && repo.gated.is_some() && !approved {
+        return Err(match token {
+            None => error(
+                401,
+                Some("GatedRepo"),
+                &format!(
+                    "Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it. Please log in."
+                ),
+            ),
+            Some(_) => error(
+                403,
+                Some("GatedRepo"),
+                &format!(
+                    "Access to model {repo_id} is restricted and you are not in the authorized list."
+                ),
+            ),
+        });
+    }
+    Ok(repo.clone())
+}
+
+fn commit_of(repo: &Repo, rev: &str) -> Option<String> {
+    if repo.commits.contains_key(rev) {
+        return Some(rev.to_string());
+    }
+    repo.branches.get(rev).cloned()
+}
+
+async fn model_info(
+    State(state): State<Shared>,
+    Path((owner, name, rev)): Path<(String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let repo_id = format!("{owner}/{name}");
+    let path = format!("/api/models/{repo_id}/revision/{rev}");
+    let repo = match gate(&state, &path, &headers, &repo_id, false).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let Some(commit) = commit_of(&repo, &rev) else {
+        return error(
+            404,
+            Some("RevisionNotFound"),
+            &format!("Invalid rev id: {rev}"),
+        );
+    };
+    let siblings: Vec<_> = repo.commits[&commit]
+        .iter()
+        .map(|f| serde_json::json!({ "rfilename": f.path }))
+        .collect();
+    let gated = repo
+        .gated
+        .clone()
+        .map_or(serde_json::Value::Bool(false), serde_json::Value::String);
+    let body = serde_json::json!({
+        "_id": "0123456789abcdef01234567", "id": repo_id, "modelId": repo_id, "sha": commit,
+        "private": repo.private, "gated": gated, "disabled": repo.disabled,
+        "tags": ["gguf"], "siblings": siblings,
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// git's blob id of an LFS pointer, as the real tree endpoint reports it.
+fn pointer_oid(f: &HubFile) -> (String, usize) {
+    let pointer = format!(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:{}\nsize {}\n",
+        f.sha256, f.size
+    );
+    let oid = hex::encode(sha1::Sha1::digest(
+        format!("blob {}\0{}", pointer.len(), pointer).as_bytes(),
+    ));
+    (oid, pointer.len())
+}
+
+async fn tree(
+    State(state): State<Shared>,
+    Path((owner, name, rev)): Path<(String, String, String)>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let repo_id = format!("{owner}/{name}");
+    let path = format!("/api/models/{repo_id}/tree/{rev}");
+    let repo = match gate(&state, &path, &headers, &repo_id, false).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let Some(commit) = commit_of(&repo, &rev) else {
+        return error(
+            404,
+            Some("RevisionNotFound"),
+            &format!("Invalid rev id: {rev}"),
+        );
+    };
+    let page_size = state.lock().unwrap().page_size;
+    let start: usize = q.get("cursor").and_then(|c| c.parse().ok()).unwrap_or(0);
+    let files = &repo.commits[&commit];
+    let mut dirs: Vec<String> = files
+        .iter()
+        .filter_map(|f| f.path.rsplit_once('/').map(|(d, _)| d.to_string()))
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    let mut entries: Vec<serde_json::Value> =
+        dirs.iter().map(|d| serde_json::json!({"type": "directory", "oid": "0".repeat(40), "size": 0, "path": d})).collect();
+    for f in files {
+        entries.push(if f.lfs {
+            let (oid, pointer_size) = pointer_oid(f);
+            serde_json::json!({"type": "file", "oid": oid, "size": f.size, "path": f.path,
+                "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": pointer_size}})
+        } else {
+            serde_json::json!({"type": "file", "oid": &f.sha256[..40], "size": f.size, "path": f.path})
+        });
+    }
+    let page: Vec<_> = entries
+        .iter()
+        .skip(start)
+        .take(page_size)
+        .cloned()
+        .collect();
+    let mut resp = (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::Value::Array(page).to_string(),
+    )
+        .into_response();
+    if start + page_size < entries.len() {
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("127.0.0.1");
+        let link = format!(
+            "<http://{host}/api/models/{repo_id}/tree/{rev}?recursive=true&cursor={}>; rel=\"next\"",
+            start + page_size
+        );
+        resp.headers_mut()
+            .insert(header::LINK, link.parse().unwrap());
+    }
+    resp
+}
+
+async fn resolve(
+    State(state): State<Shared>,
+    method: Method,
+    Path((owner, name, rev, file)): Path<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let repo_id = format!("{owner}/{name}");
+    let path = format!("/{repo_id}/resolve/{rev}/{file}");
+    let repo = match gate(&state, &path, &headers, &repo_id, true).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let Some(commit) = commit_of(&repo, &rev) else {
+        return error(
+            404,
+            Some("RevisionNotFound"),
+            &format!("Invalid rev id: {rev}"),
+        );
+    };
+    let Some(f) = repo.commits[&commit].iter().find(|f| f.path == file) else {
+        let mut r = error(
+            404,
+            Some("EntryNotFound"),
+            &format!("{file} does not exist on \"{rev}\""),
+        );
+        r.headers_mut()
+            .insert("x-repo-commit", commit.parse().unwrap());
+        return r;
+    };
+    if f.lfs {
+        let cdn = state.lock().unwrap().cdn_url.clone();
+        return Response::builder()
+            .status(StatusCode::FOUND)
+            .header(
+                header::LOCATION,
+                format!("{cdn}/blobs/{}?X-Amz-Signature=fake", f.sha256),
+            )
+            .header("x-repo-commit", commit)
+            .header("x-linked-etag", format!("\"{}\"", f.sha256))
+            .header("x-linked-size", f.size.to_string())
+            .header(header::CONTENT_LENGTH, "0")
+            .body(Body::empty())
+            .unwrap();
+    }
+    let body = if method == Method::HEAD {
+        Body::empty()
+    } else {
+        Body::from(f.content.as_ref().map(|c| c.to_vec()).unwrap_or_default())
+    };
+    Response::builder()
+        .header("x-repo-commit", commit)
+        .header(header::ETAG, format!("\"{}\"", &f.sha256[..40]))
+        .header(header::CONTENT_LENGTH, f.size.to_string())
+        .body(body)
+        .unwrap()
+}
+
+async fn cdn_blob(
+    State(state): State<Shared>,
+    Path(sha): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let file = {
+        let mut inner = state.lock().unwrap();
+        if let Some(a) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+        {
+            inner.cdn_authorizations.push(a.to_string());
+        }
+        inner
+            .repos
+            .values()
+            .flat_map(|r| r.commits.values().flatten())
+            .find(|f| f.sha256 == sha)
+            .cloned()
+    };
+    let Some(f) = file else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let (start, end) = match headers
+        .get(header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_range)
+    {
+        Some((s, e)) if s < f.size => (s, e.unwrap_or(f.size - 1).min(f.size - 1)),
+        Some(_) => {
+            return Response::builder()
+                .status(StatusCode::RANGE_NOT_SATISFIABLE)
+                .header(header::CONTENT_RANGE, format!("bytes */{}", f.size))
+                .body(Body::empty())
+                .unwrap();
+        }
+        None => (0, f.size.saturating_sub(1)),
+    };
+    let len = if f.size == 0 { 0 } else { end - start + 1 };
+    let bytes: Vec<u8> = match &f.content {
+        Some(c) => c[start as usize..(start + len) as usize].to_vec(),
+        None => vec![0u8; len.min(64 << 20) as usize],
+    };
+    let partial = headers.contains_key(header::RANGE);
+    let mut r = Response::builder()
+        .status(if partial {
+            StatusCode::PARTIAL_CONTENT
+        } else {
+            StatusCode::OK
+        })
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CONTENT_LENGTH, bytes.len().to_string());
+    if partial {
+        r = r.header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{end}/{}", f.size),
+        );
+    }
+    r.body(Body::from(bytes)).unwrap()
+}
+
+fn parse_range(v: &str) -> Option<(u64, Option<u64>)> {
+    let (s, e) = v.strip_prefix("bytes=")?.split_once('-')?;
+    Some((
+        s.parse().ok()?,
+        if e.is_empty() {
+            None
+        } else {
+            Some(e.parse().ok()?)
+        },
+    ))
+}
