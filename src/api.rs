@@ -272,6 +272,8 @@ pub struct ModelServeStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ResolvedStatus {
+    /// What was resolved (repository, revision, and quant or file); a spec that asks for something else resolves again.
+    pub request: String,
     /// The commit the revision resolved to; it changes only when the spec changes.
     pub commit: String,
     /// Name of the file set (a file path, or the shard set's name).

@@ -34,6 +34,30 @@ pub struct Config {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "MODELSERVE_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// Model registry speaking the Hugging Face Hub API (like HF_ENDPOINT); point it at an internal mirror if the cluster has no internet.
+    #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
+    pub registry_endpoint: String,
+    /// Secret (NAMESPACE/NAME, key "token") with the registry token used when a ModelServe names none.
+    #[arg(long, env = "MODELSERVE_DEFAULT_TOKEN_SECRET")]
+    pub default_token_secret: Option<String>,
+}
+
+/// Per-object attempt counters of transient failures, reset on success.
+#[derive(Default)]
+pub struct Retries(Mutex<HashMap<String, u32>>);
+
+impl Retries {
+    /// Counts one more attempt and returns the count.
+    pub async fn bump(&self, key: &str) -> u32 {
+        let mut m = self.0.lock().await;
+        let n = m.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub async fn reset(&self, key: &str) {
+        self.0.lock().await.remove(key);
+    }
 }
 
 /// What every reconcile shares.
@@ -43,11 +67,16 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub config: Config,
+    pub retries: Retries,
     failures: Mutex<HashMap<ObjectRef<ModelServe>, u32>>,
 }
 
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> Result<(), Error> {
+    crate::hub::Hub::new(&config.registry_endpoint, None).map_err(|e| Error::BadFlag {
+        flag: "--registry-endpoint",
+        message: e.to_string(),
+    })?;
     let (client, url) = connect().await?;
     ensure_crd_installed(&client, &url).await?;
 
@@ -72,6 +101,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
         metrics,
         clock: Arc::new(SystemClock),
         config,
+        retries: Retries::default(),
         failures: Mutex::default(),
     });
     health.ready.store(true, Ordering::Relaxed);

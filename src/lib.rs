@@ -1,12 +1,14 @@
 //! modelserve: a Kubernetes operator that serves a GGUF model from a Hugging Face repository.
 
 pub mod api;
+pub mod cli;
 pub mod conditions;
 pub mod controller;
 pub mod hub;
 pub mod naming;
 pub mod pipeline;
 pub mod telemetry;
+pub mod units;
 
 /// The crate's error; `reason()` feeds condition reasons, Event reasons and metric labels.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,9 @@ pub enum Error {
 
     #[error("no usable kubeconfig or in-cluster configuration: {0}")]
     Config(String),
+
+    #[error("{flag}: {message}")]
+    BadFlag { flag: &'static str, message: String },
 
     #[error("cannot serialise {what}: {source}")]
     Serialize {
@@ -55,6 +60,7 @@ impl Error {
             Error::CrdMissing => "CrdMissing",
             Error::Unreachable { .. } => "ApiServerUnreachable",
             Error::Config(_) => "NoKubeconfig",
+            Error::BadFlag { .. } => "InvalidConfiguration",
             Error::Serialize { .. } => "SerializationFailed",
             Error::Listen { .. } => "ListenFailed",
         }

@@ -26,6 +26,8 @@ enum Command {
     Controller(modelserve::controller::Config),
     /// Print the ModelServe CustomResourceDefinition as YAML.
     Crd,
+    /// Show what a repository resolves to, without a cluster.
+    Plan(modelserve::cli::plan::Args),
 }
 
 #[tokio::main]
@@ -35,6 +37,7 @@ async fn main() -> ExitCode {
         Command::Crd => modelserve::api::crd_yaml()
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
+        Command::Plan(args) => modelserve::cli::plan::run(args, &mut std::io::stdout()).await,
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);
             modelserve::controller::run(config)

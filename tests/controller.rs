@@ -2,61 +2,23 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeSpec};
-use support::{Testbed, eventually, free_port, modelserve_bin};
-
-/// The operator binary, killed when dropped.
-struct Operator {
-    child: Child,
-    port: u16,
-}
-
-impl Operator {
-    fn start(tb: &Testbed, namespace: &str) -> Operator {
-        let port = free_port();
-        let child = Command::new(modelserve_bin())
-            .args([
-                "controller",
-                "--metrics-addr",
-                &format!("127.0.0.1:{port}"),
-                "--watch-namespace",
-                namespace,
-            ])
-            .env("KUBECONFIG", &tb.kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the controller");
-        Operator { child, port }
-    }
-
-    async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
-            .await
-            .ok()?;
-        Some((r.status().as_u16(), r.text().await.ok()?))
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::fake_hub::{FakeHub, HubFile};
+use support::{Operator, Testbed, eventually};
 
 #[tokio::test]
 async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     let tb = Testbed::get();
     tb.install_crd();
     let ns = tb.namespace("ctrl");
-    let op = Operator::start(&tb, &ns.name);
+    let hub = FakeHub::start().await;
+    hub.add_listing("bartowski/Llama-3.2-1B-Instruct-GGUF");
+    let op = Operator::start(&tb, &ns.name, &hub.url);
     let client = tb.client().await;
     let api: Api<ModelServe> = Api::namespaced(client.clone(), &ns.name);
     let ready = eventually(Duration::from_secs(20), async || {
@@ -69,7 +31,7 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     );
 
     let spec: ModelServeSpec =
-        serde_json::from_value(serde_json::json!({"repo": "bartowski/Qwen2.5-7B-Instruct-GGUF"}))
+        serde_json::from_value(serde_json::json!({"repo": "bartowski/Llama-3.2-1B-Instruct-GGUF"}))
             .unwrap();
     let created = api
         .create(&PostParams::default(), &ModelServe::new("qwen", spec))
@@ -101,9 +63,14 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     let resolved = &status.conditions[0];
     assert_eq!(
         (resolved.status.as_str(), resolved.reason.as_str()),
+        ("True", "Resolved")
+    );
+    let checked = &status.conditions[1];
+    assert_eq!(
+        (checked.status.as_str(), checked.reason.as_str()),
         ("Unknown", "NotImplemented")
     );
-    assert_eq!(status.stage.as_deref(), Some("Resolve"));
+    assert_eq!(status.stage.as_deref(), Some("Check"));
     assert_eq!(
         status.conditions[6].status, "False",
         "Ready stays False until every stage is done"
@@ -115,7 +82,7 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items.into_iter().find(|e| {
             e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("qwen")
-                && e.reason.as_deref() == Some("NotImplemented")
+                && e.reason.as_deref() == Some("Resolved")
         })
     })
     .await;
@@ -152,7 +119,12 @@ async fn a_spec_change_is_observed_with_the_new_generation() {
     let tb = Testbed::get();
     tb.install_crd();
     let ns = tb.namespace("ctrlgen");
-    let _op = Operator::start(&tb, &ns.name);
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "a/b",
+        vec![HubFile::with_bytes("b-Q4_K_M.gguf", b"GGUF".to_vec())],
+    );
+    let _op = Operator::start(&tb, &ns.name, &hub.url);
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
     let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({"repo": "a/b"})).unwrap();
     api.create(&PostParams::default(), &ModelServe::new("m", spec))

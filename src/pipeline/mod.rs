@@ -1,6 +1,8 @@
 //! The six stages in order. Each reconcile runs them from the top and stops at the first one
 //! that is not done; a done stage is cheap to run again because every stage is idempotent.
 
+pub mod resolve;
+
 use std::time::Duration;
 
 use crate::api::{ModelServe, ModelServeStatus};
@@ -65,8 +67,13 @@ pub enum Outcome {
         message: String,
         after: Duration,
     },
-    /// Cannot succeed until the spec changes; no retry.
-    Failed { reason: String, message: String },
+    /// Cannot succeed as things are: until the spec changes (`retry: None`), or until something
+    /// outside the spec changes, looked at again after `retry`.
+    Failed {
+        reason: String,
+        message: String,
+        retry: Option<Duration>,
+    },
     /// Not built yet: said plainly rather than pretended.
     NotImplemented,
 }
@@ -79,7 +86,9 @@ impl Outcome {
             Outcome::Waiting {
                 reason, message, ..
             } => Desired::new(c, Status::Unknown, reason, message),
-            Outcome::Failed { reason, message } => Desired::new(c, Status::False, reason, message),
+            Outcome::Failed {
+                reason, message, ..
+            } => Desired::new(c, Status::False, reason, message),
             Outcome::NotImplemented => Desired::new(
                 c,
                 Status::Unknown,
@@ -129,17 +138,15 @@ pub async fn run(
 
 async fn run_stage(
     stage: Stage,
-    _ctx: &Context,
-    _ms: &ModelServe,
-    _status: &mut ModelServeStatus,
+    ctx: &Context,
+    ms: &ModelServe,
+    status: &mut ModelServeStatus,
 ) -> Result<Outcome, crate::Error> {
     Ok(match stage {
-        Stage::Resolve
-        | Stage::Check
-        | Stage::Mirror
-        | Stage::Catalog
-        | Stage::Place
-        | Stage::SmokeTest => Outcome::NotImplemented,
+        Stage::Resolve => resolve::run(ctx, ms, &mut status.resolved).await,
+        Stage::Check | Stage::Mirror | Stage::Catalog | Stage::Place | Stage::SmokeTest => {
+            Outcome::NotImplemented
+        }
     })
 }
 
@@ -152,9 +159,11 @@ pub fn decide(outcomes: &[(Stage, Outcome)], replicas: i32) -> Report {
         conditions.push(outcome.condition(*s));
         if !matches!(outcome, Outcome::Done { .. }) {
             stage = Some(*s);
-            if let Outcome::Waiting { after, .. } = outcome {
-                requeue = Some(*after);
-            }
+            requeue = match outcome {
+                Outcome::Waiting { after, .. } => Some(*after),
+                Outcome::Failed { retry, .. } => *retry,
+                _ => None,
+            };
         }
     }
     let ran_to_catalog = outcomes.len() == 4 && stage.is_none();
@@ -219,6 +228,7 @@ mod tests {
         let f = Outcome::Failed {
             reason: "RepoNotFound".into(),
             message: "no such repo".into(),
+            retry: None,
         };
         let r = decide(&[(Stage::Resolve, f)], 1);
         assert_eq!(r.conditions[0].status, Status::False);

@@ -105,8 +105,13 @@ pub struct FakeHub {
 impl FakeHub {
     /// Starts the Hub and its CDN on two loopback ports.
     pub async fn start() -> FakeHub {
-        let hub_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let cdn_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        FakeHub::start_on("127.0.0.1:0", "127.0.0.1:0").await
+    }
+
+    /// Starts the Hub and its CDN on the given addresses.
+    pub async fn start_on(hub_addr: &str, cdn_addr: &str) -> FakeHub {
+        let hub_listener = tokio::net::TcpListener::bind(hub_addr).await.unwrap();
+        let cdn_listener = tokio::net::TcpListener::bind(cdn_addr).await.unwrap();
         let url = format!("http://{}", hub_listener.local_addr().unwrap());
         let cdn_url = format!("http://{}", cdn_listener.local_addr().unwrap());
         let inner = Arc::new(Mutex::new(Inner {
@@ -138,23 +143,26 @@ impl FakeHub {
     pub fn add_repo(&self, repo: &str, files: Vec<HubFile>) -> String {
         let mut inner = self.inner.lock().unwrap();
         inner.next_commit += 1;
-        let commit = format!("{:040x}", 0xc0ffee_0000_u64 + inner.next_commit);
+        let commit = format!("{:040x}", 0x00c0_ffee_0000_u64 + inner.next_commit);
         let r = inner.repos.entry(repo.into()).or_default();
         r.commits.insert(commit.clone(), files);
         r.branches.insert("main".into(), commit.clone());
         commit
     }
 
+    /// Every repository of tests/fixtures/hf-listings.json.
+    pub fn listing_names() -> Vec<String> {
+        let data = listings();
+        let repos = data["repos"].as_array().unwrap();
+        repos
+            .iter()
+            .map(|r| r["repo"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// Adds a real listing from tests/fixtures/hf-listings.json at its pinned commit.
     pub fn add_listing(&self, repo: &str) -> String {
-        let data: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/fixtures/hf-listings.json"
-            ))
-            .unwrap(),
-        )
-        .unwrap();
+        let data = listings();
         let r = data["repos"]
             .as_array()
             .unwrap()
@@ -281,6 +289,14 @@ impl FakeHub {
 }
 
 type Shared = Arc<Mutex<Inner>>;
+
+fn listings() -> serde_json::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/hf-listings.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
 
 fn error(status: u16, code: Option<&str>, message: &str) -> Response {
     let mut r = Response::builder()

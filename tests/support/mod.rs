@@ -188,3 +188,47 @@ pub fn free_port() -> u16 {
 pub fn modelserve_bin() -> &'static str {
     env!("CARGO_BIN_EXE_modelserve")
 }
+
+/// The operator binary running as the controller for one namespace; killed when dropped.
+pub struct Operator {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Operator {
+    /// Starts the controller watching `namespace`, with the registry at `registry`.
+    pub fn start(tb: &Testbed, namespace: &str, registry: &str) -> Operator {
+        let port = free_port();
+        let child = Command::new(modelserve_bin())
+            .args([
+                "controller",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--watch-namespace",
+                namespace,
+            ])
+            .args(["--registry-endpoint", registry])
+            .env("KUBECONFIG", &tb.kubeconfig)
+            .env("RUST_LOG", "info,modelserve=debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start the controller");
+        Operator { child, port }
+    }
+
+    /// GET on the controller's health and metrics port.
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
+            .await
+            .ok()?;
+        Some((r.status().as_u16(), r.text().await.ok()?))
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
