@@ -306,12 +306,21 @@ pub struct ResolvedFile {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct CheckStatus {
+    /// What was checked (commit, set, context, slots, engine build); a different one checks again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// general.architecture from the GGUF header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub architecture: Option<String>,
     /// The llama.cpp build the nodes run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_build: Option<String>,
+    /// The first llama.cpp build that loads this model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_build: Option<String>,
+    /// Parallel slots the server gets (contextSize / contextLength).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<i32>,
     /// Memory a replica needs, in bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<i64>,

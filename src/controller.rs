@@ -40,6 +40,21 @@ pub struct Config {
     /// Secret (NAMESPACE/NAME, key "token") with the registry token used when a ModelServe names none.
     #[arg(long, env = "MODELSERVE_DEFAULT_TOKEN_SECRET")]
     pub default_token_secret: Option<String>,
+    /// llama.cpp server image of the replicas, pinned by build (its tag names the build).
+    #[arg(long, env = "MODELSERVE_ENGINE_IMAGE", default_value = DEFAULT_ENGINE_IMAGE)]
+    pub engine_image: String,
+    /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
+    #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
+    pub engine_build: Option<u32>,
+}
+
+/// The default llama.cpp server image.
+pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
+
+fn parse_build(s: &str) -> Result<u32, String> {
+    s.trim_start_matches('b')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a llama.cpp build number such as b6500"))
 }
 
 /// Per-object attempt counters of transient failures, reset on success.

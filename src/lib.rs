@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod conditions;
 pub mod controller;
+pub mod gguf;
 pub mod hub;
 pub mod naming;
 pub mod pipeline;

@@ -16,9 +16,62 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// A Kubernetes quantity for memory, rounded up to a tenth of a GiB: `6.9Gi`.
+pub fn gi_quantity(bytes: u64) -> String {
+    let tenths = (u128::from(bytes) * 10).div_ceil(1 << 30);
+    format!("{}.{}Gi", tenths / 10, tenths % 10)
+}
+
+/// Bytes of a Kubernetes memory quantity (`16Gi`, `16384Mi`, `17179869184`, `16G`, `1.5Gi`).
+pub fn parse_quantity(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let factor: f64 = match suffix {
+        "" => 1.0,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "m" => 1e-3,
+        _ => return None,
+    };
+    let n: f64 = num.parse().ok()?;
+    let bytes = n * factor;
+    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::human_bytes;
+    use super::{gi_quantity, human_bytes, parse_quantity};
+
+    #[test]
+    fn quantities_parse_in_every_suffix() {
+        assert_eq!(parse_quantity("16Gi"), Some(16 << 30));
+        assert_eq!(parse_quantity("16384Mi"), Some(16 << 30));
+        assert_eq!(parse_quantity("17179869184"), Some(16 << 30));
+        assert_eq!(parse_quantity("16G"), Some(16_000_000_000));
+        assert_eq!(parse_quantity("1.5Gi"), Some(3 << 29));
+        assert_eq!(parse_quantity("lots"), None);
+        assert_eq!(parse_quantity("5Qi"), None);
+    }
+
+    #[test]
+    fn memory_quantities_round_up() {
+        assert_eq!(gi_quantity(7 << 30), "7.0Gi");
+        assert_eq!(gi_quantity((7 << 30) + 1), "7.1Gi");
+        assert!(parse_quantity(&gi_quantity(123_456_789_012)).unwrap() >= 123_456_789_012);
+    }
 
     #[test]
     fn sizes_read_like_a_person_writes_them() {

@@ -5,6 +5,8 @@
 
 #[path = "../tests/support/fake_hub.rs"]
 mod fake_hub;
+#[path = "../tests/support/models.rs"]
+mod models;
 
 use fake_hub::FakeHub;
 

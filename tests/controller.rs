@@ -9,6 +9,7 @@ use kube::Api;
 use kube::api::{ListParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeSpec};
 use support::fake_hub::{FakeHub, HubFile};
+use support::models::Dense;
 use support::{Operator, Testbed, eventually};
 
 #[tokio::test]
@@ -17,7 +18,14 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     tb.install_crd();
     let ns = tb.namespace("ctrl");
     let hub = FakeHub::start().await;
-    hub.add_listing("bartowski/Llama-3.2-1B-Instruct-GGUF");
+    let model = Dense::tiny("llama").gguf();
+    hub.add_repo(
+        "bartowski/Llama-3.2-1B-Instruct-GGUF",
+        vec![HubFile::with_bytes(
+            "Llama-3.2-1B-Instruct-Q4_K_M.gguf",
+            model,
+        )],
+    );
     let op = Operator::start(&tb, &ns.name, &hub.url);
     let client = tb.client().await;
     let api: Api<ModelServe> = Api::namespaced(client.clone(), &ns.name);
@@ -68,9 +76,14 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
     let checked = &status.conditions[1];
     assert_eq!(
         (checked.status.as_str(), checked.reason.as_str()),
+        ("True", "Checked")
+    );
+    let mirrored = &status.conditions[2];
+    assert_eq!(
+        (mirrored.status.as_str(), mirrored.reason.as_str()),
         ("Unknown", "NotImplemented")
     );
-    assert_eq!(status.stage.as_deref(), Some("Check"));
+    assert_eq!(status.stage.as_deref(), Some("Mirror"));
     assert_eq!(
         status.conditions[6].status, "False",
         "Ready stays False until every stage is done"

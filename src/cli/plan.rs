@@ -2,10 +2,10 @@
 
 use std::io::Write;
 
-use crate::api::ModelServeSpec;
+use crate::api::{CheckStatus, ModelServe, ModelServeSpec};
 use crate::cli::Output;
 use crate::hub::Hub;
-use crate::pipeline::resolve;
+use crate::pipeline::{Outcome, check, resolve};
 use crate::units::human_bytes;
 
 /// Flags of `modelserve plan`.
@@ -28,6 +28,18 @@ pub struct Args {
     /// Registry token for gated or private repositories.
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// llama.cpp server image the nodes run; its tag names the build.
+    #[arg(long, default_value = crate::controller::DEFAULT_ENGINE_IMAGE)]
+    pub engine_image: String,
+    /// The nodes' llama.cpp build, when the image tag does not say.
+    #[arg(long)]
+    pub engine_build: Option<u32>,
+    /// Total context of the server in tokens (default 16384).
+    #[arg(long, default_value_t = 16384)]
+    pub context_size: i32,
+    /// Context of one request (default 4096); slots = context-size / context-length.
+    #[arg(long, default_value_t = 4096)]
+    pub context_length: i32,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "text")]
     pub output: Output,
@@ -37,18 +49,31 @@ pub struct Args {
 pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
     let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({
         "repo": args.repo, "quant": args.quant, "file": args.file, "revision": args.revision,
+        "contextSize": args.context_size, "contextLength": args.context_length,
     }))
     .map_err(|e| format!("invalid arguments: {e}"))?;
     let hub = Hub::new(&args.endpoint, args.token).map_err(|e| format!("--endpoint: {e}"))?;
     let result = resolve::resolve(&hub, &spec).await;
+    let ms = ModelServe::new("plan", spec.clone());
+    let p = check::plan(&ms, &args.engine_image, args.engine_build);
+    let checked = match &result {
+        Ok(r) => Some(check::inspect(&hub, &spec.repo, r, &p).await),
+        Err(_) => None,
+    };
     let write = |out: &mut dyn Write, text: String| {
         out.write_all(text.as_bytes())
             .map_err(|e| format!("cannot write the plan: {e}"))
     };
     match (result, args.output) {
         (Ok(r), Output::Json) => {
-            let json = serde_json::json!({ "repo": spec.repo, "revision": spec.revision(), "resolved": r });
-            write(out, format!("{json:#}\n"))
+            let check = match &checked {
+                Some(Ok(c)) => serde_json::json!(c),
+                Some(Err(o)) => outcome_json(o),
+                None => serde_json::Value::Null,
+            };
+            let json = serde_json::json!({ "repo": spec.repo, "revision": spec.revision(), "resolved": r, "check": check });
+            write(out, format!("{json:#}\n"))?;
+            check_result(&checked)
         }
         (Ok(r), Output::Text) => {
             let mut s = String::new();
@@ -78,8 +103,32 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
                 human_bytes(r.total_bytes as u64),
                 r.files.len()
             );
-            s += "Check       not built yet in this version: no architecture or memory verdict\n";
-            write(out, s)
+            match &checked {
+                Some(Ok(c)) => {
+                    s += &format!(
+                        "Check       {} loads from {} (nodes run {}{})\n",
+                        c.architecture.as_deref().unwrap_or("?"),
+                        c.first_build.as_deref().unwrap_or("?"),
+                        c.engine_build.as_deref().unwrap_or("?"),
+                        p.build_note
+                            .as_deref()
+                            .map(|n| format!("; {n}"))
+                            .unwrap_or_default()
+                    );
+                    s += &format!(
+                        "Memory      {} per replica ({} slot(s) of {} tokens): {}\n",
+                        c.memory.as_deref().unwrap_or("?"),
+                        p.flags.parallel,
+                        spec.context_length,
+                        c.basis.as_deref().unwrap_or_default()
+                    );
+                    s += "Nodes       not compared: plan runs without a cluster\n";
+                }
+                Some(Err(o)) => s += &format!("Check       {}\n", outcome_text(o)),
+                None => {}
+            }
+            write(out, s)?;
+            check_result(&checked)
         }
         (Err(e), Output::Json) => {
             let json = serde_json::json!({ "repo": spec.repo, "error": { "reason": e.reason(), "message": e.to_string() } });
@@ -87,5 +136,40 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
             Err(format!("{} ({})", e, e.reason()))
         }
         (Err(e), Output::Text) => Err(format!("{} ({})", e, e.reason())),
+    }
+}
+
+fn outcome_text(o: &Outcome) -> String {
+    match o {
+        Outcome::Failed {
+            reason, message, ..
+        }
+        | Outcome::Waiting {
+            reason, message, ..
+        } => format!("{message} ({reason})"),
+        Outcome::Done { message, .. } => message.clone(),
+        Outcome::NotImplemented => "not built".into(),
+    }
+}
+
+fn outcome_json(o: &Outcome) -> serde_json::Value {
+    match o {
+        Outcome::Failed {
+            reason, message, ..
+        }
+        | Outcome::Waiting {
+            reason, message, ..
+        } => {
+            serde_json::json!({ "error": { "reason": reason, "message": message } })
+        }
+        _ => serde_json::Value::Null,
+    }
+}
+
+/// The plan fails when the check says the model cannot be served.
+fn check_result(checked: &Option<Result<CheckStatus, Outcome>>) -> Result<(), String> {
+    match checked {
+        Some(Err(o)) => Err(outcome_text(o)),
+        _ => Ok(()),
     }
 }

@@ -1,6 +1,7 @@
 //! The six stages in order. Each reconcile runs them from the top and stops at the first one
 //! that is not done; a done stage is cheap to run again because every stage is idempotent.
 
+pub mod check;
 pub mod resolve;
 
 use std::time::Duration;
@@ -144,9 +145,8 @@ async fn run_stage(
 ) -> Result<Outcome, crate::Error> {
     Ok(match stage {
         Stage::Resolve => resolve::run(ctx, ms, &mut status.resolved).await,
-        Stage::Check | Stage::Mirror | Stage::Catalog | Stage::Place | Stage::SmokeTest => {
-            Outcome::NotImplemented
-        }
+        Stage::Check => check::run(ctx, ms, &mut status.check).await,
+        Stage::Mirror | Stage::Catalog | Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
     })
 }
 

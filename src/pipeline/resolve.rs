@@ -199,7 +199,7 @@ fn status_of(spec: &ModelServeSpec, commit: &str, set: FileSet) -> ResolvedStatu
 
 /// The registry token: spec.tokenSecretRef in the ModelServe's namespace, else the operator's
 /// default Secret, else none.
-async fn token(ctx: &Context, ms: &ModelServe) -> Result<Option<String>, Outcome> {
+pub(crate) async fn token(ctx: &Context, ms: &ModelServe) -> Result<Option<String>, Outcome> {
     let (namespace, name, key) = match (&ms.spec.token_secret_ref, &ctx.config.default_token_secret)
     {
         (Some(r), _) => (

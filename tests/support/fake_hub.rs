@@ -24,6 +24,8 @@ pub struct HubFile {
     pub sha256: String,
     /// Served bytes; None for listings whose content is not needed (served as zeros).
     pub content: Option<Arc<Vec<u8>>>,
+    /// For files without content: bytes served first, zeros after (a GGUF header, say).
+    pub prefix: Option<Arc<Vec<u8>>>,
     pub lfs: bool,
 }
 
@@ -36,6 +38,7 @@ impl HubFile {
             size: bytes.len() as u64,
             sha256,
             content: Some(Arc::new(bytes)),
+            prefix: None,
             lfs: true,
         }
     }
@@ -48,6 +51,7 @@ impl HubFile {
             size,
             sha256,
             content: None,
+            prefix: None,
             lfs: true,
         }
     }
@@ -177,7 +181,11 @@ impl FakeHub {
             .map(|f| {
                 let path = f["path"].as_str().unwrap();
                 match f["size"].as_u64() {
-                    Some(size) => HubFile::listed(path, size),
+                    Some(size) => {
+                        let mut file = HubFile::listed(path, size);
+                        file.prefix = super::models::listing_header(repo, path).map(Arc::new);
+                        file
+                    }
                     None => HubFile::git(path, "placeholder\n"),
                 }
             })
@@ -614,7 +622,15 @@ async fn cdn_blob(
     let len = if f.size == 0 { 0 } else { end - start + 1 };
     let bytes: Vec<u8> = match &f.content {
         Some(c) => c[start as usize..(start + len) as usize].to_vec(),
-        None => vec![0u8; len.min(64 << 20) as usize],
+        None => {
+            let mut bytes = vec![0u8; len.min(64 << 20) as usize];
+            if let Some(p) = &f.prefix {
+                let from = (start as usize).min(p.len());
+                let upto = ((start + len) as usize).min(p.len());
+                bytes[..upto - from].copy_from_slice(&p[from..upto]);
+            }
+            bytes
+        }
     };
     let partial = headers.contains_key(header::RANGE);
     let mut r = Response::builder()

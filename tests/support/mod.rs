@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod fake_hub;
+pub mod models;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -198,6 +199,11 @@ pub struct Operator {
 impl Operator {
     /// Starts the controller watching `namespace`, with the registry at `registry`.
     pub fn start(tb: &Testbed, namespace: &str, registry: &str) -> Operator {
+        Operator::start_with(tb, namespace, registry, &[])
+    }
+
+    /// The same with more controller flags.
+    pub fn start_with(tb: &Testbed, namespace: &str, registry: &str, extra: &[&str]) -> Operator {
         let port = free_port();
         let child = Command::new(modelserve_bin())
             .args([
@@ -208,6 +214,7 @@ impl Operator {
                 namespace,
             ])
             .args(["--registry-endpoint", registry])
+            .args(extra)
             .env("KUBECONFIG", &tb.kubeconfig)
             .env("RUST_LOG", "info,modelserve=debug")
             .stdout(std::process::Stdio::null())

@@ -1,0 +1,160 @@
+//! The Check stage on the test bed: header read over HTTP ranges from the fake Hub, build
+//! support, memory estimate and node fit, all before any download.
+
+mod support;
+
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::PostParams;
+use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
+use support::fake_hub::{FakeHub, HubFile};
+use support::models::Dense;
+use support::{Operator, Testbed, eventually};
+
+fn condition(s: &ModelServeStatus, t: &str) -> (String, String, String) {
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .expect("condition present");
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+async fn checked_as(api: &Api<ModelServe>, name: &str, status: &str) -> ModelServeStatus {
+    let found = eventually(Duration::from_secs(10), async || {
+        let s = api.get(name).await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Checked")?;
+        (c.status == status).then_some(s)
+    })
+    .await;
+    match found {
+        Some(s) => s,
+        None => panic!(
+            "{name}: Checked did not become {status}: {:#?}",
+            api.get(name).await.ok().and_then(|m| m.status)
+        ),
+    }
+}
+
+async fn create(api: &Api<ModelServe>, name: &str, repo: &str) {
+    let spec: ModelServeSpec = serde_json::from_value(
+        serde_json::json!({"repo": repo, "contextSize": 8192, "contextLength": 4096}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &ModelServe::new(name, spec))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_model_that_fits_is_checked_with_its_build_and_memory() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("check");
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "acme/Small-GGUF",
+        vec![HubFile::with_bytes(
+            "small-Q4_K_M.gguf",
+            Dense::tiny("llama").gguf(),
+        )],
+    );
+    let _op = Operator::start(&tb, &ns.name, &hub.url);
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    create(&api, "small", "acme/Small-GGUF").await;
+    let s = checked_as(&api, "small", "True").await;
+    let c = s.check.clone().unwrap();
+    assert_eq!(c.architecture.as_deref(), Some("llama"));
+    assert_eq!(c.engine_build.as_deref(), Some("b10587"));
+    assert_eq!(c.parallel, Some(2));
+    assert_eq!(
+        c.kv_bytes_per_token,
+        Some(2 * 2 * 128 * 2),
+        "2 layers x (K+V) x 2 kv heads x 64 dims x f16"
+    );
+    assert!(c.memory_bytes.unwrap() > 0);
+    let (_, _, message) = condition(&s, "Checked");
+    assert!(
+        message.contains("llama loads from b") && message.contains("fits on 2 of 2 node(s)"),
+        "{message}"
+    );
+    assert_eq!(s.stage.as_deref(), Some("Mirror"));
+}
+
+#[tokio::test]
+async fn a_model_bigger_than_every_node_stops_before_mirroring() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("nofit");
+    let hub = FakeHub::start().await;
+    // About 77 GiB of F16 weights: more than kwok-large's 64Gi.
+    let big = Dense {
+        arch: "llama",
+        layers: 40,
+        embd: 8192,
+        heads: 64,
+        kv_heads: 8,
+        ff: 28672,
+        vocab: 128_256,
+        weight_type: 1,
+        vocab_size_only: true,
+        ..Dense::default()
+    };
+    hub.add_repo(
+        "acme/Huge-GGUF",
+        vec![HubFile::with_bytes("huge-Q4_K_M.gguf", big.gguf())],
+    );
+    let _op = Operator::start(&tb, &ns.name, &hub.url);
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    create(&api, "huge", "acme/Huge-GGUF").await;
+    let s = checked_as(&api, "huge", "False").await;
+    let (_, reason, message) = condition(&s, "Checked");
+    assert_eq!(reason, "NoNodeFits");
+    assert!(
+        message.contains("the largest, kwok-large, has 64.0 GiB allocatable"),
+        "{message}"
+    );
+    assert!(message.contains(" short)"), "{message}");
+    assert_eq!(
+        condition(&s, "Mirrored").1,
+        "WaitingForEarlierStage",
+        "nothing is mirrored"
+    );
+    assert_eq!(s.stage.as_deref(), Some("Check"));
+    assert!(
+        hub.requests()
+            .iter()
+            .all(|p| !p.contains("/resolve/") || p.contains("huge-Q4_K_M.gguf"))
+    );
+}
+
+#[tokio::test]
+async fn an_architecture_newer_than_the_nodes_build_names_both_builds() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("newarch");
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "google/Gemma4-GGUF",
+        vec![HubFile::with_bytes(
+            "gemma4-Q4_K_M.gguf",
+            Dense::tiny("gemma4").gguf(),
+        )],
+    );
+    let _op = Operator::start_with(
+        &tb,
+        &ns.name,
+        &hub.url,
+        &["--engine-image", "ghcr.io/ggml-org/llama.cpp:server-b6500"],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    create(&api, "g4", "google/Gemma4-GGUF").await;
+    let s = checked_as(&api, "g4", "False").await;
+    let (_, reason, message) = condition(&s, "Checked");
+    assert_eq!(reason, "UnsupportedArchitecture");
+    assert_eq!(
+        message,
+        "architecture gemma4 needs llama.cpp b8637 or newer; the nodes run b6500"
+    );
+}
