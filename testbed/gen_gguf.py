@@ -100,7 +100,9 @@ MERGE_PAIRS = [
     ("o", "u"), ("e", "n"), ("i", "s"), ("a", "t"), ("o", "r"), ("Ġt", "he"),
     ("Ġa", "n"), ("Ġ", "in"), ("l", "l"), ("Ġh", "e"), ("Ġ", "is"), ("Ġw", "or"), ("l", "d"),
 ]
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# <unk>/<s>/</s> are unused by the template, but llama.cpp's vocab loader looks them up
+# by text for some model names (general.name containing "phi3"), and fails without them.
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "<s>", "</s>"]
 
 # Minimal ChatML template so llama-server's /v1/chat/completions has something to render.
 CHAT_TEMPLATE = (
@@ -180,7 +182,7 @@ class Plan:
         self.kv.append(fn)
 
     def t(self, kind: Any, ne: tuple[int, ...], bid: int | None = None, suffix: str | None = "weight",
-          init: str | None = None) -> None:
+          init: str | None = None, f32: bool = False) -> None:
         template = self.gguf.TENSOR_NAMES[kind]
         if template not in self.allowed:
             die(f"{self.arch}: tensor {template} is not in gguf-py's MODEL_TENSORS for this arch")
@@ -191,7 +193,7 @@ class Plan:
             init = "ones" if name.endswith("norm.weight") else ("zeros" if suffix == "bias" else "weight")
         # Same rule the converter applies: 1-D tensors, norms, router and conv weights and
         # anything not named *.weight stay F32 (several ggml ops only take F32 there).
-        f32 = (len(ne) == 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+        f32 = (f32 or len(ne) == 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
                or kind in (self.gguf.MODEL_TENSOR.FFN_GATE_INP, self.gguf.MODEL_TENSOR.SSM_CONV1D))
         self.tensors.append(Tensor(name, tuple(int(x) for x in ne), init, f32))
 
@@ -430,8 +432,11 @@ def arch_deepseek2(p: Plan, c: dict, v: Vocab) -> None:
         p.t(T.ATTN_Q_B, (q_lora, H * (nope + rope)), i)
         p.t(T.ATTN_KV_A_MQA, (n_embd, kv_lora + rope), i)
         p.t(T.ATTN_KV_A_NORM, (kv_lora,), i)
-        p.t(T.ATTN_K_B, (nope, kv_lora, H), i)
-        p.t(T.ATTN_V_B, (kv_lora, vdim, H), i)
+        # F32 although the converter writes F16: on AMX CPUs this llama.cpp puts F16 weights in
+        # the AMX buffer, whose matmul rejects the permuted activations k_b/v_b are applied to,
+        # and context creation aborts (GGML_ASSERT(*cur_backend_id != -1) in ggml-backend.cpp).
+        p.t(T.ATTN_K_B, (nope, kv_lora, H), i, f32=True)
+        p.t(T.ATTN_V_B, (kv_lora, vdim, H), i, f32=True)
         p.t(T.ATTN_OUT, (H * vdim, n_embd), i)
         p.t(T.FFN_NORM, (n_embd,), i)
         if i < c["n_dense"]:
