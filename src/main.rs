@@ -28,6 +28,8 @@ enum Command {
     Crd,
     /// Show what a repository resolves to, without a cluster.
     Plan(modelserve::cli::plan::Args),
+    /// Estimate the memory of local GGUF files, without a registry or a cluster.
+    Estimate(modelserve::cli::estimate::Args),
 }
 
 #[tokio::main]
@@ -38,6 +40,9 @@ async fn main() -> ExitCode {
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),
         Command::Plan(args) => modelserve::cli::plan::run(args, &mut std::io::stdout()).await,
+        Command::Estimate(args) => {
+            modelserve::cli::estimate::run(args, &mut std::io::stdout()).await
+        }
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);
             modelserve::controller::run(config)

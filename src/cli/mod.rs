@@ -8,3 +8,4 @@ pub enum Output {
     Text,
     Json,
 }
+pub mod estimate;

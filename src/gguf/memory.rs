@@ -11,7 +11,7 @@ const KV_ELEMENT_BYTES: u64 = 2; // f16, llama-server's default cache type
 const STATE_ELEMENT_BYTES: u64 = 4; // recurrent state is always f32
 const PAD: u64 = 256;
 /// Resident memory of the llama-server process before the model: binary, libraries, threads.
-const ENGINE_OVERHEAD: u64 = 128 << 20;
+const ENGINE_OVERHEAD: u64 = 32 << 20;
 /// llama-server reserves logits for its slots only from this build on (before: for a whole ubatch).
 const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
 /// MLA caches keep no V from this build on.
@@ -261,8 +261,46 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
     let n_ff_moe =
         hp.u("expert_feed_forward_length").unwrap_or(0) * hp.u("expert_used_count").unwrap_or(0);
     let logits = vocab * n_out * 4;
-    let activations = f.ubatch * 4 * (4 * n_embd + n_ff.max(n_ff_moe));
-    let compute = logits + activations;
+    // The graph allocator's peak for one ubatch: the FFN phase keeps the residual, the normed
+    // input and gate/up/product rows alive (fitted on llama-server's own compute-buffer figures);
+    // recurrent layers keep their projected inputs and scan output instead.
+    // MoE layers keep the chosen experts' rows plus the router's logits and probabilities; an
+    // all-MoE model (no leading dense layers) has no dense FFN phase at all.
+    let experts = hp.u("expert_count").unwrap_or(0);
+    let dense_phase = 4 * n_embd + 3 * n_ff;
+    let ffn_phase = if experts > 0 {
+        let shared = hp.u("expert_shared_count").unwrap_or(0)
+            * hp.u("expert_feed_forward_length").unwrap_or(0);
+        let moe_phase = 4 * n_embd + 3 * (n_ff_moe + shared) + 2 * experts;
+        let dense_layers = hp.u("leading_dense_block_count").unwrap_or(0);
+        if dense_layers > 0 {
+            moe_phase.max(dense_phase)
+        } else {
+            moe_phase
+        }
+    } else {
+        dense_phase
+    };
+    let d_inner = hp.u("ssm.inner_size").unwrap_or(0);
+    let ssm_phase = if recurrent_count > 0 {
+        4 * n_embd
+            + 5 * d_inner
+            + 2 * hp.u("ssm.group_count").unwrap_or(0) * hp.u("ssm.state_size").unwrap_or(0)
+            + hp.u("ssm.time_step_rank").unwrap_or(0)
+    } else {
+        0
+    };
+    let activations = f.ubatch * 4 * ffn_phase.max(ssm_phase);
+    // The attention masks are f16, one row per cell of one stream, per cache (full and window).
+    let masks = f.ubatch
+        * 2
+        * (if full_layers > 0 { n_ctx_seq } else { 0 }
+            + if swa_layers > 0 {
+                swa_cells / parallel
+            } else {
+                0
+            });
+    let compute = logits + activations + masks;
     let overhead = ENGINE_OVERHEAD + vocab * parallel * 4;
     let total = (weights + kv + recurrent + compute + overhead).div_ceil(1 << 20) << 20;
 
