@@ -158,3 +158,42 @@ async fn an_architecture_newer_than_the_nodes_build_names_both_builds() {
         "architecture gemma4 needs llama.cpp b8637 or newer; the nodes run b6500"
     );
 }
+
+#[tokio::test]
+async fn html_or_truncated_bytes_are_invalid_gguf_with_the_cause() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("badgguf");
+    let hub = FakeHub::start().await;
+    let html = b"<!DOCTYPE html><html><body>Sign in to continue</body></html>".to_vec();
+    hub.add_repo(
+        "acme/Html-GGUF",
+        vec![HubFile::with_bytes("m-Q4_K_M.gguf", html)],
+    );
+    let whole = Dense::tiny("llama").gguf();
+    hub.add_repo(
+        "acme/Cut-GGUF",
+        vec![HubFile::with_bytes(
+            "m-Q4_K_M.gguf",
+            whole[..whole.len() / 2].to_vec(),
+        )],
+    );
+    let _op = Operator::start(&tb, &ns.name, &hub.url);
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    create(&api, "html", "acme/Html-GGUF").await;
+    create(&api, "cut", "acme/Cut-GGUF").await;
+    let s = checked_as(&api, "html", "False").await;
+    let (_, reason, message) = condition(&s, "Checked");
+    assert_eq!(reason, "InvalidGGUF");
+    assert_eq!(
+        message,
+        "m-Q4_K_M.gguf: not a GGUF file: the server sent an HTML page instead of the file's bytes"
+    );
+    let s = checked_as(&api, "cut", "False").await;
+    let (_, reason, message) = condition(&s, "Checked");
+    assert_eq!(reason, "InvalidGGUF");
+    assert!(
+        message.starts_with("m-Q4_K_M.gguf: the file ends at byte"),
+        "{message}"
+    );
+}
