@@ -240,3 +240,26 @@ async fn failures_name_their_cause_and_transient_ones_recover() {
     );
     resolved_as(&api, "flaky", "True", Duration::from_secs(60)).await;
 }
+
+#[tokio::test]
+async fn the_operators_default_token_secret_is_used_when_the_spec_names_none() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("deftoken");
+    let hub = FakeHub::start().await;
+    hub.add_repo("meta/Gated-GGUF", tiny_repo());
+    hub.set_gated("meta/Gated-GGUF", "auto");
+    hub.add_token("hf_operator_token", &["meta/Gated-GGUF"]);
+    let client = tb.client().await;
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "registry"}, "stringData": {"token": "hf_operator_token"}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns.name).create(&PostParams::default(), &secret).await.unwrap();
+    let default = format!("{}/registry", ns.name);
+    let _op = Operator::start_with(&tb, &ns.name, &hub.url, &["--default-token-secret", &default]);
+    let api: Api<ModelServe> = Api::namespaced(client, &ns.name);
+    create(&api, "gated", serde_json::json!({"repo": "meta/Gated-GGUF"})).await;
+    let s = resolved_as(&api, "gated", "True", Duration::from_secs(5)).await;
+    assert_eq!(s.resolved.unwrap().set, "tiny-Q4_K_M");
+}
