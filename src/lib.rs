@@ -6,6 +6,7 @@ pub mod conditions;
 pub mod controller;
 pub mod gguf;
 pub mod hub;
+pub mod mirror;
 pub mod naming;
 pub mod pipeline;
 pub mod telemetry;

@@ -26,6 +26,8 @@ enum Command {
     Controller(modelserve::controller::Config),
     /// Print the ModelServe CustomResourceDefinition as YAML.
     Crd,
+    /// Run the verifying model mirror.
+    Mirror(modelserve::mirror::Config),
     /// Show what a repository resolves to, without a cluster.
     Plan(modelserve::cli::plan::Args),
     /// Estimate the memory of local GGUF files, without a registry or a cluster.
@@ -42,6 +44,10 @@ async fn main() -> ExitCode {
         Command::Plan(args) => modelserve::cli::plan::run(args, &mut std::io::stdout()).await,
         Command::Estimate(args) => {
             modelserve::cli::estimate::run(args, &mut std::io::stdout()).await
+        }
+        Command::Mirror(config) => {
+            telemetry::init_logs(cli.log_format);
+            modelserve::mirror::run(config).await
         }
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);

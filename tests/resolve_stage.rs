@@ -255,11 +255,24 @@ async fn the_operators_default_token_secret_is_used_when_the_spec_names_none() {
         "metadata": {"name": "registry"}, "stringData": {"token": "hf_operator_token"}
     }))
     .unwrap();
-    Api::<Secret>::namespaced(client.clone(), &ns.name).create(&PostParams::default(), &secret).await.unwrap();
+    Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
     let default = format!("{}/registry", ns.name);
-    let _op = Operator::start_with(&tb, &ns.name, &hub.url, &["--default-token-secret", &default]);
+    let _op = Operator::start_with(
+        &tb,
+        &ns.name,
+        &hub.url,
+        &["--default-token-secret", &default],
+    );
     let api: Api<ModelServe> = Api::namespaced(client, &ns.name);
-    create(&api, "gated", serde_json::json!({"repo": "meta/Gated-GGUF"})).await;
+    create(
+        &api,
+        "gated",
+        serde_json::json!({"repo": "meta/Gated-GGUF"}),
+    )
+    .await;
     let s = resolved_as(&api, "gated", "True", Duration::from_secs(5)).await;
     assert_eq!(s.resolved.unwrap().set, "tiny-Q4_K_M");
 }

@@ -190,6 +190,7 @@ impl Hub {
         let client = |policy| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(30))
                 .redirect(policy)
                 .no_proxy()
                 .build()
@@ -323,7 +324,7 @@ impl Hub {
             revision: Some(commit),
             path: Some(path),
         };
-        self.send_with(&self.probe, Method::HEAD, url, &ctx, None)
+        self.send_with(&self.probe, Method::HEAD, url, &ctx, None, true)
             .await
             .map(|_| ())
     }
@@ -381,6 +382,28 @@ impl Hub {
         Ok(out)
     }
 
+    /// Starts downloading a file at a commit from byte `offset`, following the redirect to the
+    /// CDN without the token. The caller checks for 206 (resumed) or 200 (from the start).
+    pub async fn download(
+        &self,
+        repo: &str,
+        commit: &str,
+        path: &str,
+        offset: u64,
+    ) -> Result<reqwest::Response, HubError> {
+        check_repo(repo)?;
+        check_revision(commit)?;
+        let url = self.resolve_url(repo, commit, path)?;
+        let ctx = Ctx {
+            repo,
+            revision: Some(commit),
+            path: Some(path),
+        };
+        let range = format!("bytes={offset}-");
+        self.send_with(&self.http, Method::GET, url, &ctx, Some(&range), false)
+            .await
+    }
+
     /// The download URL of a file at a commit.
     pub fn resolve_url(&self, repo: &str, commit: &str, path: &str) -> Result<Url, HubError> {
         if !safe_path(path) {
@@ -411,7 +434,8 @@ impl Hub {
         url: Url,
         ctx: &Ctx<'_>,
     ) -> Result<reqwest::Response, HubError> {
-        self.send_with(&self.http, method, url, ctx, None).await
+        self.send_with(&self.http, method, url, ctx, None, true)
+            .await
     }
 
     async fn send_ranged(
@@ -421,7 +445,7 @@ impl Hub {
         ctx: &Ctx<'_>,
         range: &str,
     ) -> Result<reqwest::Response, HubError> {
-        self.send_with(&self.http, method, url, ctx, Some(range))
+        self.send_with(&self.http, method, url, ctx, Some(range), true)
             .await
     }
 
@@ -432,17 +456,20 @@ impl Hub {
         url: Url,
         ctx: &Ctx<'_>,
         range: Option<&str>,
+        total_timeout: bool,
     ) -> Result<reqwest::Response, HubError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut req = http
-                .request(method.clone(), url.clone())
-                .timeout(self.retry.request_timeout)
-                .header(
-                    USER_AGENT,
-                    concat!("modelserve/", env!("CARGO_PKG_VERSION")),
-                );
+            let mut req = http.request(method.clone(), url.clone());
+            // A download of many GB has no total limit; a stall is caught by the read timeout.
+            if total_timeout {
+                req = req.timeout(self.retry.request_timeout);
+            }
+            let mut req = req.header(
+                USER_AGENT,
+                concat!("modelserve/", env!("CARGO_PKG_VERSION")),
+            );
             if let Some(t) = &self.token {
                 req = req.header(AUTHORIZATION, format!("Bearer {t}"));
             }

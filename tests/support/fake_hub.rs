@@ -94,6 +94,10 @@ struct Inner {
     page_size: usize,
     cdn_url: String,
     cdn_authorizations: Vec<String>,
+    /// (sha256, Range header) of every CDN request.
+    cdn_log: Vec<(String, Option<String>)>,
+    /// (sha256, bytes, times): the next `times` CDN bodies of that blob break after `bytes`.
+    cuts: Vec<(String, u64, usize)>,
     requests: Vec<String>,
     next_commit: u64,
 }
@@ -267,6 +271,20 @@ impl FakeHub {
     /// Authorization headers the CDN received (it must receive none).
     pub fn cdn_authorizations(&self) -> Vec<String> {
         self.inner.lock().unwrap().cdn_authorizations.clone()
+    }
+
+    /// Breaks the next `times` CDN bodies of the blob `sha256` after `bytes` bytes.
+    pub fn cut(&self, sha256: &str, bytes: u64, times: usize) {
+        self.inner
+            .lock()
+            .unwrap()
+            .cuts
+            .push((sha256.into(), bytes, times));
+    }
+
+    /// (sha256, Range header) of every request the CDN served.
+    pub fn cdn_log(&self) -> Vec<(String, Option<String>)> {
+        self.inner.lock().unwrap().cdn_log.clone()
     }
 
     /// Paths the Hub was asked for, in order.
@@ -594,6 +612,11 @@ async fn cdn_blob(
         {
             inner.cdn_authorizations.push(a.to_string());
         }
+        let range = headers
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+        inner.cdn_log.push((sha.clone(), range));
         inner
             .repos
             .values()
@@ -632,6 +655,14 @@ async fn cdn_blob(
             bytes
         }
     };
+    let cut = {
+        let mut inner = state.lock().unwrap();
+        let found = inner.cuts.iter_mut().find(|c| c.0 == sha && c.2 > 0);
+        found.map(|c| {
+            c.2 -= 1;
+            c.1
+        })
+    };
     let partial = headers.contains_key(header::RANGE);
     let mut r = Response::builder()
         .status(if partial {
@@ -647,7 +678,21 @@ async fn cdn_blob(
             format!("bytes {start}-{end}/{}", f.size),
         );
     }
-    r.body(Body::from(bytes)).unwrap()
+    match cut {
+        // Announce the whole length, send part of it, then break the connection.
+        Some(after) if (after as usize) < bytes.len() => {
+            use futures::StreamExt;
+            let head = bytes[..after as usize].to_vec();
+            // Let the head reach the client before the connection breaks.
+            let broken = futures::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Err::<Vec<u8>, _>(std::io::Error::other("connection cut by the test"))
+            });
+            let body = futures::stream::iter([Ok::<_, std::io::Error>(head)]).chain(broken);
+            r.body(Body::from_stream(body)).unwrap()
+        }
+        _ => r.body(Body::from(bytes)).unwrap(),
+    }
 }
 
 fn parse_range(v: &str) -> Option<(u64, Option<u64>)> {

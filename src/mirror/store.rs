@@ -1,0 +1,239 @@
+//! The mirror's directory, in the Hugging Face cache layout so llama.cpp and huggingface_hub can
+//! read it: `models--owner--name/blobs/<sha256>` and `snapshots/<commit>/<path>` as relative
+//! links. Partial downloads live in `.incomplete/` and are never visible under snapshots; every
+//! verified blob is also linked into `.by-sha256/` so the same content in another repository or
+//! commit is never fetched again.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::hub::select::safe_path;
+use crate::hub::{HubError, check_repo};
+
+/// One file of a repository at a commit, as the registry published it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct FileRef {
+    pub repo: String,
+    pub commit: String,
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+impl FileRef {
+    /// Refuses anything that could escape the store or is not a pinned, hashed file.
+    pub fn validate(&self) -> Result<(), HubError> {
+        check_repo(&self.repo)?;
+        let hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        };
+        if !hex(&self.commit, 40) {
+            return Err(HubError::InvalidInput {
+                what: "commit",
+                value: self.commit.clone(),
+                why: "it must be 40 lowercase hex digits",
+            });
+        }
+        if !hex(&self.sha256, 64) {
+            return Err(HubError::InvalidInput {
+                what: "sha256",
+                value: self.sha256.clone(),
+                why: "it must be 64 lowercase hex digits",
+            });
+        }
+        if !safe_path(&self.path) {
+            return Err(HubError::InvalidInput {
+                what: "file path",
+                value: self.path.clone(),
+                why: "it must be a relative path inside the repository, without '..'",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The mirror's directory.
+#[derive(Clone, Debug)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// Opens (and creates) the store at `root`.
+    pub fn open(root: impl Into<PathBuf>) -> io::Result<Store> {
+        let root = root.into();
+        std::fs::create_dir_all(root.join(".incomplete"))?;
+        std::fs::create_dir_all(root.join(".by-sha256"))?;
+        Ok(Store { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn repo_dir(&self, repo: &str) -> PathBuf {
+        self.root
+            .join(format!("models--{}", repo.replace('/', "--")))
+    }
+
+    /// Where a download of `sha256` grows until it is verified.
+    pub fn partial(&self, sha256: &str) -> PathBuf {
+        self.root.join(".incomplete").join(format!("{sha256}.part"))
+    }
+
+    fn verified(&self, sha256: &str) -> PathBuf {
+        self.root.join(".by-sha256").join(sha256)
+    }
+
+    /// The snapshot path a reader opens.
+    pub fn snapshot(&self, f: &FileRef) -> PathBuf {
+        self.repo_dir(&f.repo)
+            .join("snapshots")
+            .join(&f.commit)
+            .join(&f.path)
+    }
+
+    /// Whether the file is present and verified: its snapshot link resolves to a blob of its size.
+    pub fn present(&self, f: &FileRef) -> bool {
+        std::fs::metadata(self.snapshot(f)).is_ok_and(|m| m.is_file() && m.len() == f.size)
+    }
+
+    /// Makes a file present from an already verified blob of the same content, if there is one.
+    pub fn adopt(&self, f: &FileRef) -> io::Result<bool> {
+        let verified = self.verified(&f.sha256);
+        match std::fs::metadata(&verified) {
+            Ok(m) if m.len() == f.size => {
+                self.link(f)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Moves a verified partial download into place and links it into the snapshot.
+    pub fn commit(&self, f: &FileRef) -> io::Result<()> {
+        let partial = self.partial(&f.sha256);
+        std::fs::File::open(&partial)?.sync_all()?;
+        std::fs::rename(&partial, self.verified(&f.sha256))?;
+        self.link(f)
+    }
+
+    fn link(&self, f: &FileRef) -> io::Result<()> {
+        let blobs = self.repo_dir(&f.repo).join("blobs");
+        std::fs::create_dir_all(&blobs)?;
+        let blob = blobs.join(&f.sha256);
+        if !blob.exists() {
+            // A hard link shares the bytes with .by-sha256 (one copy on disk per content).
+            match std::fs::hard_link(self.verified(&f.sha256), &blob) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let snapshot = self.snapshot(f);
+        let dir = snapshot.parent().unwrap_or(&self.root).to_path_buf();
+        std::fs::create_dir_all(&dir)?;
+        // snapshots/<commit>/a/b.gguf -> ../../../blobs/<sha> (one more .. per folder).
+        let depth = f.path.matches('/').count() + 2;
+        let target = PathBuf::from("../".repeat(depth))
+            .join("blobs")
+            .join(&f.sha256);
+        let tmp = dir.join(format!(".{}.link", f.sha256));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&target, &tmp)?;
+        std::fs::rename(&tmp, &snapshot)
+    }
+
+    /// Free bytes on the store's filesystem.
+    pub fn free_space(&self) -> io::Result<u64> {
+        let out = std::process::Command::new("df")
+            .args(["-Pk", "--"])
+            .arg(&self.root)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .nth(1)
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|k| k.parse::<u64>().ok())
+            .map(|k| k * 1024)
+            .ok_or_else(|| io::Error::other("cannot read free space from df"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> FileRef {
+        FileRef {
+            repo: "o/r".into(),
+            commit: "a".repeat(40),
+            path: path.into(),
+            sha256: "b".repeat(64),
+            size: 3,
+        }
+    }
+
+    #[test]
+    fn traversal_and_unpinned_refs_are_refused() {
+        assert!(file("m.gguf").validate().is_ok());
+        assert!(file("../m.gguf").validate().is_err());
+        assert!(file("/etc/passwd").validate().is_err());
+        assert!(
+            FileRef {
+                repo: "../x".into(),
+                ..file("m.gguf")
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            FileRef {
+                commit: "main".into(),
+                ..file("m.gguf")
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            FileRef {
+                sha256: "B".repeat(64),
+                ..file("m.gguf")
+            }
+            .validate()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_committed_blob_appears_in_the_hf_layout_and_is_adopted_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let f = file("Q4/m.gguf");
+        assert!(!store.present(&f));
+        std::fs::write(store.partial(&f.sha256), b"abc").unwrap();
+        store.commit(&f).unwrap();
+        assert!(store.present(&f));
+        let snap = dir.path().join(format!(
+            "models--o--r/snapshots/{}/Q4/m.gguf",
+            "a".repeat(40)
+        ));
+        assert_eq!(
+            std::fs::read_link(&snap).unwrap(),
+            PathBuf::from(format!("../../../blobs/{}", "b".repeat(64)))
+        );
+        assert_eq!(std::fs::read(&snap).unwrap(), b"abc");
+        let other = FileRef {
+            repo: "x/y".into(),
+            path: "m.gguf".into(),
+            ..f
+        };
+        assert!(
+            store.adopt(&other).unwrap(),
+            "the same content in another repo is linked, not fetched"
+        );
+        assert!(store.present(&other));
+    }
+}

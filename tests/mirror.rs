@@ -1,0 +1,273 @@
+//! The mirror service against the fake Hub: verified, resumable, deduplicated downloads.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use modelserve::mirror::fetch::Policy;
+use modelserve::mirror::store::{FileRef, Store};
+use modelserve::mirror::{Mirror, Request, Status, router};
+use support::eventually;
+use support::fake_hub::{FakeHub, HubFile};
+
+struct Running {
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+async fn mirror(hub: &FakeHub) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy {
+        hash_attempts: 3,
+        stalls: 4,
+        backoff: Duration::from_millis(50),
+        retry_failed_after: Duration::from_secs(60),
+    };
+    let m: Arc<Mirror> = Mirror::new(Store::open(dir.path()).unwrap(), &hub.url, policy).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(m)).await.unwrap() });
+    Running { url, dir }
+}
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn refs(repo: &str, commit: &str, files: &[HubFile]) -> Vec<FileRef> {
+    files
+        .iter()
+        .map(|f| FileRef {
+            repo: repo.into(),
+            commit: commit.into(),
+            path: f.path.clone(),
+            sha256: f.sha256.clone(),
+            size: f.size,
+        })
+        .collect()
+}
+
+async fn post(url: &str, files: &[FileRef]) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/fetch"))
+        .json(&Request {
+            files: files.to_vec(),
+            token: None,
+        })
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+async fn settled(url: &str, files: &[FileRef]) -> Status {
+    eventually(Duration::from_secs(30), async || {
+        let (_, v) = post(url, files).await;
+        let s: Status = serde_json::from_value(v).ok()?;
+        s.files
+            .iter()
+            .all(|f| f.state == "present" || f.state == "failed")
+            .then_some(s)
+    })
+    .await
+    .expect("the mirror settles")
+}
+
+#[tokio::test]
+async fn a_sharded_set_is_mirrored_verified_and_served_in_the_hf_layout() {
+    let hub = FakeHub::start().await;
+    let files = vec![
+        HubFile::with_bytes("Q4_K_M/m-Q4_K_M-00001-of-00002.gguf", bytes(300_000, 1)),
+        HubFile::with_bytes("Q4_K_M/m-Q4_K_M-00002-of-00002.gguf", bytes(200_000, 2)),
+    ];
+    let commit = hub.add_repo("acme/M-GGUF", files.clone());
+    let m = mirror(&hub).await;
+    let want = refs("acme/M-GGUF", &commit, &files);
+    let s = settled(&m.url, &want).await;
+    assert!(s.files.iter().all(|f| f.state == "present"), "{s:?}");
+    assert_eq!((s.bytes_done, s.bytes_total), (500_000, 500_000));
+    for f in &files {
+        let snap = m.dir.path().join(format!(
+            "models--acme--M-GGUF/snapshots/{commit}/{}",
+            f.path
+        ));
+        assert!(
+            std::fs::symlink_metadata(&snap)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read(&snap).unwrap(), **f.content.as_ref().unwrap());
+    }
+    // Served with Range for the replicas.
+    let url = format!("{}/v1/files/acme/M-GGUF/{commit}/{}", m.url, files[0].path);
+    let r = reqwest::Client::new()
+        .get(&url)
+        .header("range", "bytes=10-19")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 206);
+    assert_eq!(
+        r.bytes().await.unwrap().to_vec(),
+        files[0].content.as_ref().unwrap()[10..20].to_vec()
+    );
+    // Asking again downloads nothing.
+    let before = hub.cdn_log().len();
+    settled(&m.url, &want).await;
+    assert_eq!(hub.cdn_log().len(), before);
+}
+
+#[tokio::test]
+async fn wrong_bytes_are_retried_then_failed_and_never_present() {
+    let hub = FakeHub::start().await;
+    let mut f = HubFile::with_bytes("m-Q8_0.gguf", bytes(50_000, 3));
+    let commit = hub.add_repo("acme/Bad-GGUF", vec![f.clone()]);
+    // The registry publishes one hash and serves other bytes.
+    let published = "e".repeat(64);
+    let mut file = refs("acme/Bad-GGUF", &commit, std::slice::from_ref(&f)).remove(0);
+    file.sha256 = published.clone();
+    f.sha256 = published.clone();
+    hub.add_repo("acme/Bad-GGUF", vec![f.clone()]);
+    let commit2 = hub.add_repo("acme/Bad-GGUF", vec![f]);
+    file.commit = commit2;
+    let m = mirror(&hub).await;
+    let s = settled(&m.url, std::slice::from_ref(&file)).await;
+    let st = &s.files[0];
+    assert_eq!(st.state, "failed");
+    let err = st.error.as_deref().unwrap();
+    assert!(
+        err.contains("m-Q8_0.gguf arrived with sha256 ")
+            && err.contains(&format!("the registry published {published} (3 attempts)")),
+        "{err}"
+    );
+    assert_eq!(hub.cdn_log().len(), 3, "retried from scratch, then gave up");
+    assert!(
+        !m.dir
+            .path()
+            .join(format!(
+                "models--acme--Bad-GGUF/snapshots/{}/m-Q8_0.gguf",
+                file.commit
+            ))
+            .exists()
+    );
+    assert!(
+        !m.dir
+            .path()
+            .join(format!(".incomplete/{published}.part"))
+            .exists(),
+        "no wrong bytes kept"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_connection_resumes_from_where_it_stopped() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("m-F16.gguf", bytes(1_000_000, 4));
+    let commit = hub.add_repo("acme/Cut-GGUF", vec![f.clone()]);
+    hub.cut(&f.sha256, 400_000, 1);
+    let m = mirror(&hub).await;
+    let want = refs("acme/Cut-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "present", "{s:?}");
+    let log = hub.cdn_log();
+    assert_eq!(log.len(), 2, "{log:?}");
+    let resumed = log[1].1.as_deref().unwrap();
+    let from: u64 = resumed
+        .trim_start_matches("bytes=")
+        .trim_end_matches('-')
+        .parse()
+        .unwrap();
+    assert!(
+        from >= 300_000,
+        "resumed from byte {from}, not from the start"
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_mid_download_resumes() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("m-Q6_K.gguf", bytes(600_000, 5));
+    let commit = hub.add_repo("acme/Flaky-GGUF", vec![f.clone()]);
+    hub.cut(&f.sha256, 250_000, 1);
+    hub.fail("/resolve/", 502, &[], 2);
+    let m = mirror(&hub).await;
+    let want = refs("acme/Flaky-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "present", "{s:?}");
+}
+
+#[tokio::test]
+async fn the_same_blob_asked_for_twice_at_once_is_downloaded_once() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("m-Q8_0.gguf", bytes(2_000_000, 6));
+    let c1 = hub.add_repo("acme/One-GGUF", vec![f.clone()]);
+    let c2 = hub.add_repo("acme/Two-GGUF", vec![f.clone()]);
+    let m = mirror(&hub).await;
+    let a = refs("acme/One-GGUF", &c1, std::slice::from_ref(&f));
+    let b = refs("acme/Two-GGUF", &c2, std::slice::from_ref(&f));
+    let (x, y) = tokio::join!(post(&m.url, &a), post(&m.url, &a));
+    assert_eq!((x.0, y.0), (202, 202));
+    post(&m.url, &b).await;
+    let sa = settled(&m.url, &a).await;
+    let sb = settled(&m.url, &b).await;
+    assert_eq!(
+        (sa.files[0].state.as_str(), sb.files[0].state.as_str()),
+        ("present", "present")
+    );
+    assert_eq!(
+        hub.cdn_log().len(),
+        1,
+        "one download for one content, across requests and repos"
+    );
+}
+
+#[tokio::test]
+async fn traversal_and_unpinned_requests_are_rejected() {
+    let hub = FakeHub::start().await;
+    let m = mirror(&hub).await;
+    let good = FileRef {
+        repo: "a/b".into(),
+        commit: "c".repeat(40),
+        path: "m.gguf".into(),
+        sha256: "d".repeat(64),
+        size: 1,
+    };
+    for bad in [
+        FileRef {
+            path: "../../etc/passwd".into(),
+            ..good.clone()
+        },
+        FileRef {
+            path: "/etc/passwd".into(),
+            ..good.clone()
+        },
+        FileRef {
+            repo: "a/..".into(),
+            ..good.clone()
+        },
+        FileRef {
+            commit: "main".into(),
+            ..good.clone()
+        },
+    ] {
+        let (code, body) = post(&m.url, std::slice::from_ref(&bad)).await;
+        assert_eq!(code, 400, "{bad:?}");
+        assert!(
+            body["error"].as_str().unwrap().contains("is not valid"),
+            "{body}"
+        );
+    }
+    let r = reqwest::get(format!(
+        "{}/v1/files/a/b/{}/..%2F..%2Fetc%2Fpasswd",
+        m.url,
+        "c".repeat(40)
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(hub.requests().is_empty());
+}
