@@ -43,6 +43,9 @@ pub struct Config {
     /// llama.cpp server image of the replicas, pinned by build (its tag names the build).
     #[arg(long, env = "MODELSERVE_ENGINE_IMAGE", default_value = DEFAULT_ENGINE_IMAGE)]
     pub engine_image: String,
+    /// The cluster's model mirror (`modelserve mirror`), e.g. http://modelserve-mirror:8090.
+    #[arg(long, env = "MODELSERVE_MIRROR_URL")]
+    pub mirror_url: Option<String>,
     /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
     #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
     pub engine_build: Option<u32>,
@@ -83,6 +86,8 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     pub config: Config,
     pub retries: Retries,
+    /// HTTP client for the mirror.
+    pub http: reqwest::Client,
     failures: Mutex<HashMap<ObjectRef<ModelServe>, u32>>,
 }
 
@@ -117,6 +122,10 @@ pub async fn run(config: Config) -> Result<(), Error> {
         clock: Arc::new(SystemClock),
         config,
         retries: Retries::default(),
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| Error::Config(e.to_string()))?,
         failures: Mutex::default(),
     });
     health.ready.store(true, Ordering::Relaxed);

@@ -78,10 +78,11 @@ async fn a_new_modelserve_gets_its_conditions_and_events_within_five_seconds() {
         (checked.status.as_str(), checked.reason.as_str()),
         ("True", "Checked")
     );
+    // This operator runs without a mirror, and says so.
     let mirrored = &status.conditions[2];
     assert_eq!(
         (mirrored.status.as_str(), mirrored.reason.as_str()),
-        ("Unknown", "NotImplemented")
+        ("False", "MirrorNotConfigured")
     );
     assert_eq!(status.stage.as_deref(), Some("Mirror"));
     assert_eq!(

@@ -2,14 +2,12 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use modelserve::mirror::fetch::Policy;
-use modelserve::mirror::store::{FileRef, Store};
-use modelserve::mirror::{Mirror, Request, Status, router};
-use support::eventually;
+use modelserve::mirror::store::FileRef;
+use modelserve::mirror::{Request, Status};
 use support::fake_hub::{FakeHub, HubFile};
+use support::{eventually, start_mirror};
 
 struct Running {
     url: String,
@@ -17,17 +15,7 @@ struct Running {
 }
 
 async fn mirror(hub: &FakeHub) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let policy = Policy {
-        hash_attempts: 3,
-        stalls: 4,
-        backoff: Duration::from_millis(50),
-        retry_failed_after: Duration::from_secs(60),
-    };
-    let m: Arc<Mirror> = Mirror::new(Store::open(dir.path()).unwrap(), &hub.url, policy).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router(m)).await.unwrap() });
+    let (url, dir) = start_mirror(&hub.url).await;
     Running { url, dir }
 }
 

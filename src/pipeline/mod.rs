@@ -2,6 +2,7 @@
 //! that is not done; a done stage is cheap to run again because every stage is idempotent.
 
 pub mod check;
+pub mod mirror;
 pub mod resolve;
 
 use std::time::Duration;
@@ -146,7 +147,8 @@ async fn run_stage(
     Ok(match stage {
         Stage::Resolve => resolve::run(ctx, ms, &mut status.resolved).await,
         Stage::Check => check::run(ctx, ms, &mut status.check).await,
-        Stage::Mirror | Stage::Catalog | Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
+        Stage::Mirror => mirror::run(ctx, ms, &mut status.mirror, &mut status.progress).await,
+        Stage::Catalog | Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
     })
 }
 

@@ -185,6 +185,24 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A mirror service on a free loopback port, storing into a temporary directory.
+pub async fn start_mirror(registry: &str) -> (String, tempfile::TempDir) {
+    use modelserve::mirror::fetch::Policy;
+    use modelserve::mirror::{Mirror, router, store::Store};
+    let dir = tempfile::tempdir().unwrap();
+    let policy = Policy {
+        hash_attempts: 3,
+        stalls: 4,
+        backoff: Duration::from_millis(50),
+        retry_failed_after: Duration::from_secs(60),
+    };
+    let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router(m)).await.unwrap() });
+    (url, dir)
+}
+
 /// The operator binary this test run built.
 pub fn modelserve_bin() -> &'static str {
     env!("CARGO_BIN_EXE_modelserve")
