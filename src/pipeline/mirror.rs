@@ -16,11 +16,11 @@ const POLL: Duration = Duration::from_secs(3);
 
 /// The pure part: the outcome and status.mirror for what the mirror reports.
 pub fn decide(s: &Status) -> (Outcome, MirrorStatus) {
-    let percent = if s.bytes_total == 0 {
-        100
-    } else {
-        (s.bytes_done.saturating_mul(100) / s.bytes_total) as i32
-    };
+    let percent = s
+        .bytes_done
+        .saturating_mul(100)
+        .checked_div(s.bytes_total)
+        .unwrap_or(100) as i32;
     let mirror = MirrorStatus {
         bytes_done: s.bytes_done as i64,
         bytes_total: s.bytes_total as i64,
@@ -68,8 +68,11 @@ pub fn decide(s: &Status) -> (Outcome, MirrorStatus) {
         human_bytes(s.bytes_done),
         human_bytes(s.bytes_total)
     );
-    if s.bytes_per_second > 0 {
-        let left = s.bytes_total.saturating_sub(s.bytes_done) / s.bytes_per_second;
+    if let Some(left) = s
+        .bytes_total
+        .saturating_sub(s.bytes_done)
+        .checked_div(s.bytes_per_second)
+    {
         message += &format!(
             " at {}/s, about {} left",
             human_bytes(s.bytes_per_second),
