@@ -1,7 +1,9 @@
 //! The tests' fake Hugging Face Hub as a process of its own, for the demo and for trying
 //! `modelserve plan` without the internet: every listing of tests/fixtures/hf-listings.json,
 //! plus meta-llama/Llama-3.2-1B-Instruct-GGUF as a gated copy of the bartowski listing.
-//!   cargo run --example fake-hub -- 127.0.0.1:18090 127.0.0.1:18091
+//! With a directory as third argument, every `NAME.gguf` in it becomes the repository
+//! `modelserve-demo/NAME-GGUF` with real, downloadable bytes (see testbed/gen_gguf.py).
+//!   cargo run --example fake-hub -- 127.0.0.1:18090 127.0.0.1:18091 [DIR]
 
 #[path = "../tests/support/fake_hub.rs"]
 mod fake_hub;
@@ -18,6 +20,27 @@ async fn main() {
     let hub = FakeHub::start_on(&hub_addr, &cdn_addr).await;
     for repo in FakeHub::listing_names() {
         hub.add_listing(&repo);
+    }
+    if let Some(dir) = args.next() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)
+            .expect("read the model directory")
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort();
+        for path in entries
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+        {
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let stem = name.trim_end_matches(".gguf");
+            let bytes = std::fs::read(&path).expect("read a model");
+            hub.add_repo(
+                &format!("modelserve-demo/{stem}-GGUF"),
+                vec![fake_hub::HubFile::with_bytes(&name, bytes)],
+            );
+            println!("serving {} as modelserve-demo/{stem}-GGUF", path.display());
+        }
     }
     println!(
         "fake Hub on {} (CDN {}), serving {} repositories",
