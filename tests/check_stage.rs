@@ -10,16 +10,7 @@ use kube::api::PostParams;
 use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
 use support::fake_hub::{FakeHub, HubFile};
 use support::models::Dense;
-use support::{Operator, Testbed, eventually};
-
-fn condition(s: &ModelServeStatus, t: &str) -> (String, String, String) {
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == t)
-        .expect("condition present");
-    (c.status.clone(), c.reason.clone(), c.message.clone())
-}
+use support::{Operator, Testbed, condition, eventually};
 
 async fn checked_as(api: &Api<ModelServe>, name: &str, status: &str) -> ModelServeStatus {
     let found = eventually(Duration::from_secs(10), async || {

@@ -3,36 +3,15 @@
 //! settings, the KV cache and recurrent state must equal the engine's own figures exactly and
 //! the compute buffer must be within 5%.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use modelserve::gguf::memory::{Flags, estimate};
 use modelserve::gguf::{FileSource, read_header};
-
-fn script(name: &str) -> PathBuf {
-    let out = Command::new("bash")
-        .arg(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("testbed")
-                .join(name),
-        )
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "testbed/{name} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .trim(),
-    )
-}
+use support::testbed_script;
 
 /// MiB figures llama-server printed for one pattern, summed over its lines.
 fn logged(log: &str, marker: &str) -> f64 {
@@ -99,7 +78,7 @@ fn run_server(server: &Path, model: &Path, ctx: u64, parallel: u64) -> String {
 
 #[tokio::test]
 async fn kv_and_state_equal_the_engines_figures_and_compute_is_within_five_percent() {
-    let server = script("build-llama-server.sh");
+    let server = testbed_script("build-llama-server.sh");
     let dir = tempfile::tempdir().unwrap();
     let generated = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))

@@ -9,16 +9,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
 use support::fake_hub::{FakeHub, HubFile};
-use support::{Operator, Testbed, eventually};
-
-fn condition(s: &ModelServeStatus, t: &str) -> (String, String, String) {
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == t)
-        .expect("condition present");
-    (c.status.clone(), c.reason.clone(), c.message.clone())
-}
+use support::{Operator, Testbed, condition, eventually};
 
 async fn create(api: &Api<ModelServe>, name: &str, spec: serde_json::Value) {
     let spec: ModelServeSpec = serde_json::from_value(spec).unwrap();

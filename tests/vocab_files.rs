@@ -1,32 +1,13 @@
 //! Every vocab-only GGUF shipped with the llama.cpp sources parses, and reads the same as
 //! gguf-py (the reference reader from the same sources) reads it.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 
 use modelserve::gguf::header::{Value, parse};
-
-fn sdist() -> PathBuf {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/testbed/llama-sdist.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .output()
-        .expect("run testbed/llama-sdist.sh");
-    assert!(
-        out.status.success(),
-        "testbed/llama-sdist.sh failed (it downloads the llama-cpp-python sdist from PyPI): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .lines()
-            .last()
-            .unwrap()
-            .trim(),
-    )
-}
+use support::testbed_script;
 
 const GGUF_PY: &str = r#"
 import json, os, sys
@@ -50,7 +31,7 @@ print(json.dumps(out))
 
 #[test]
 fn every_vocab_gguf_reads_as_gguf_py_reads_it() {
-    let root = sdist().join("vendor/llama.cpp");
+    let root = testbed_script("llama-sdist.sh").join("vendor/llama.cpp");
     let models = root.join("models");
     let out = Command::new("python3")
         .args([

@@ -154,6 +154,31 @@ impl Drop for Namespace<'_> {
     }
 }
 
+/// Runs a testbed/ script (they cache what they build) and returns the path it prints last.
+pub fn testbed_script(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("testbed")
+        .join(name);
+    let out = Command::new("bash").arg(&path).output().expect("run bash");
+    assert!(
+        out.status.success(),
+        "testbed/{name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+}
+
+/// (status, reason, message) of condition `type_`.
+pub fn condition(s: &modelserve::api::ModelServeStatus, type_: &str) -> (String, String, String) {
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .expect("condition present");
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
 /// A path inside the repository.
 pub fn repo_path(rel: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
