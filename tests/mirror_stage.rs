@@ -78,3 +78,72 @@ async fn a_model_is_mirrored_after_it_is_resolved_and_checked() {
     ));
     assert_eq!(std::fs::read(snap).unwrap(), bytes);
 }
+
+#[tokio::test]
+async fn an_operator_killed_while_mirroring_is_replaced_without_a_second_download() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("opkill");
+    let hub = FakeHub::start().await;
+    let mut bytes = Dense::tiny("llama").gguf();
+    bytes.resize(bytes.len() + (24 << 20), 3);
+    hub.add_repo(
+        "acme/Slow-GGUF",
+        vec![HubFile::with_bytes("slow-Q4_K_M.gguf", bytes.clone())],
+    );
+    hub.throttle(2 << 20); // about 12 s for the file
+    let (mirror_url, _dir) = start_mirror(&hub.url).await;
+    let first = Operator::start_with(&tb, &ns.name, &hub.url, &["--mirror-url", &mirror_url]);
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let spec: ModelServeSpec = serde_json::from_value(
+        serde_json::json!({"repo": "acme/Slow-GGUF", "contextSize": 4096, "contextLength": 4096}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &ModelServe::new("slow", spec))
+        .await
+        .unwrap();
+
+    // The PROGRESS column moves while the mirror works.
+    let mut seen = std::collections::BTreeSet::new();
+    let moving = eventually(Duration::from_secs(30), async || {
+        let table = tb.kubectl_ok(&[
+            "get",
+            "modelserves",
+            "-n",
+            &ns.name,
+            "--no-headers",
+            "-o",
+            "custom-columns=P:.status.progress",
+        ]);
+        let p = table.trim().to_string();
+        if p.ends_with('%') && p != "100%" {
+            seen.insert(p);
+        }
+        (seen.len() >= 2).then_some(())
+    })
+    .await;
+    assert!(moving.is_some(), "PROGRESS showed {seen:?}");
+    drop(first); // SIGKILL, mid-download
+
+    let _second = Operator::start_with(&tb, &ns.name, &hub.url, &["--mirror-url", &mirror_url]);
+    let done = eventually(Duration::from_secs(60), async || {
+        let s = api.get("slow").await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Mirrored")?;
+        (c.status == "True").then_some(s)
+    })
+    .await
+    .expect("the new operator sees the mirror finish");
+    assert_eq!(done.mirror.unwrap().bytes_done, bytes.len() as i64);
+    // The Check stage read the header (a bounded range); the mirror downloaded once (open range).
+    let downloads = hub
+        .cdn_log()
+        .into_iter()
+        .filter(|(_, r)| r.as_deref().is_some_and(|r| r.ends_with('-')))
+        .count();
+    assert_eq!(
+        downloads,
+        1,
+        "the download did not start again: {:?}",
+        hub.cdn_log()
+    );
+}

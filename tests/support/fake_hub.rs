@@ -14,6 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
 /// One file of a fake repository.
@@ -98,6 +99,10 @@ struct Inner {
     cdn_log: Vec<(String, Option<String>)>,
     /// (sha256, bytes, times): the next `times` CDN bodies of that blob break after `bytes`.
     cuts: Vec<(String, u64, usize)>,
+    /// Bytes per second each CDN connection may send (None: as fast as it can).
+    rate: Option<u64>,
+    /// Bytes the throttled CDN has handed to its connections.
+    sent: Arc<std::sync::atomic::AtomicU64>,
     requests: Vec<String>,
     next_commit: u64,
 }
@@ -274,6 +279,20 @@ impl FakeHub {
     }
 
     /// Breaks the next `times` CDN bodies of the blob `sha256` after `bytes` bytes.
+    /// Bytes the throttled CDN handed to its connections so far.
+    pub fn cdn_bytes_sent(&self) -> u64 {
+        self.inner
+            .lock()
+            .unwrap()
+            .sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Caps every CDN connection at `bytes_per_second`.
+    pub fn throttle(&self, bytes_per_second: u64) {
+        self.inner.lock().unwrap().rate = Some(bytes_per_second.max(1));
+    }
+
     pub fn cut(&self, sha256: &str, bytes: u64, times: usize) {
         self.inner
             .lock()
@@ -681,7 +700,6 @@ async fn cdn_blob(
     match cut {
         // Announce the whole length, send part of it, then break the connection.
         Some(after) if (after as usize) < bytes.len() => {
-            use futures::StreamExt;
             let head = bytes[..after as usize].to_vec();
             // Let the head reach the client before the connection breaks.
             let broken = futures::stream::once(async {
@@ -691,7 +709,27 @@ async fn cdn_blob(
             let body = futures::stream::iter([Ok::<_, std::io::Error>(head)]).chain(broken);
             r.body(Body::from_stream(body)).unwrap()
         }
-        _ => r.body(Body::from(bytes)).unwrap(),
+        _ => match {
+            let inner = state.lock().unwrap();
+            (inner.rate, inner.sent.clone())
+        } {
+            (None, _) => r.body(Body::from(bytes)).unwrap(),
+            (Some(rate), sent) => {
+                // 64 KiB pieces, each after the time the rate allows for it.
+                let piece = 64 << 10;
+                let pause = Duration::from_secs_f64(piece as f64 / rate as f64);
+                let pieces: Vec<Vec<u8>> = bytes.chunks(piece).map(<[u8]>::to_vec).collect();
+                let body = futures::stream::iter(pieces).then(move |p| {
+                    let sent = sent.clone();
+                    async move {
+                        tokio::time::sleep(pause).await;
+                        sent.fetch_add(p.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                        Ok::<_, std::io::Error>(p)
+                    }
+                });
+                r.body(Body::from_stream(body)).unwrap()
+            }
+        },
     }
 }
 
