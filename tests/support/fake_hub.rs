@@ -697,6 +697,10 @@ async fn cdn_blob(
             format!("bytes {start}-{end}/{}", f.size),
         );
     }
+    let (rate, sent) = {
+        let inner = state.lock().unwrap();
+        (inner.rate, inner.sent.clone())
+    };
     match cut {
         // Announce the whole length, send part of it, then break the connection.
         Some(after) if (after as usize) < bytes.len() => {
@@ -709,12 +713,9 @@ async fn cdn_blob(
             let body = futures::stream::iter([Ok::<_, std::io::Error>(head)]).chain(broken);
             r.body(Body::from_stream(body)).unwrap()
         }
-        _ => match {
-            let inner = state.lock().unwrap();
-            (inner.rate, inner.sent.clone())
-        } {
-            (None, _) => r.body(Body::from(bytes)).unwrap(),
-            (Some(rate), sent) => {
+        _ => match rate {
+            None => r.body(Body::from(bytes)).unwrap(),
+            Some(rate) => {
                 // 64 KiB pieces, each after the time the rate allows for it.
                 let piece = 64 << 10;
                 let pause = Duration::from_secs_f64(piece as f64 / rate as f64);
