@@ -223,16 +223,14 @@ pub fn fit(needed: u64, nodes: &[Candidate]) -> Result<String, String> {
 }
 
 /// Runs the stage.
-pub async fn run(ctx: &Context, ms: &ModelServe, check: &mut Option<CheckStatus>) -> Outcome {
-    let Some(resolved) = ms.status.as_ref().and_then(|s| s.resolved.clone()) else {
-        return Outcome::Waiting {
-            reason: "WaitingForResolve".into(),
-            message: "nothing resolved yet".into(),
-            after: Duration::from_secs(5),
-        };
-    };
+pub async fn run(
+    ctx: &Context,
+    ms: &ModelServe,
+    resolved: &ResolvedStatus,
+    check: &mut Option<CheckStatus>,
+) -> Outcome {
     let p = plan(ms, &ctx.config.engine_image, ctx.config.engine_build);
-    let key = request(&resolved, &p);
+    let key = request(resolved, &p);
     let status = match check
         .clone()
         .filter(|c| c.request.as_deref() == Some(key.as_str()))
@@ -253,7 +251,7 @@ pub async fn run(ctx: &Context, ms: &ModelServe, check: &mut Option<CheckStatus>
                     };
                 }
             };
-            match inspect(&hub, &ms.spec.repo, &resolved, &p).await {
+            match inspect(&hub, &ms.spec.repo, resolved, &p).await {
                 Ok(s) => s,
                 Err(outcome) => {
                     *check = None;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::Outcome;
-use crate::api::{MirrorFileStatus, MirrorStatus, ModelServe};
+use crate::api::{MirrorFileStatus, MirrorStatus, ModelServe, ResolvedStatus};
 use crate::controller::Context;
 use crate::mirror::store::FileRef;
 use crate::mirror::{Request, Status};
@@ -101,6 +101,7 @@ fn eta(secs: u64) -> String {
 pub async fn run(
     ctx: &Context,
     ms: &ModelServe,
+    resolved: &ResolvedStatus,
     out: &mut Option<MirrorStatus>,
     progress: &mut Option<String>,
 ) -> Outcome {
@@ -109,13 +110,6 @@ pub async fn run(
             reason: "MirrorNotConfigured".into(),
             message: "the operator has no --mirror-url, so files cannot be mirrored; install the chart's mirror or set the flag".into(),
             retry: Some(Duration::from_secs(60)),
-        };
-    };
-    let Some(resolved) = ms.status.as_ref().and_then(|s| s.resolved.clone()) else {
-        return Outcome::Waiting {
-            reason: "WaitingForResolve".into(),
-            message: "nothing resolved yet".into(),
-            after: POLL,
         };
     };
     let token = match super::resolve::token(ctx, ms).await {

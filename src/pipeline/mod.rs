@@ -146,10 +146,25 @@ async fn run_stage(
 ) -> Result<Outcome, crate::Error> {
     Ok(match stage {
         Stage::Resolve => resolve::run(ctx, ms, &mut status.resolved).await,
-        Stage::Check => check::run(ctx, ms, &mut status.check).await,
-        Stage::Mirror => mirror::run(ctx, ms, &mut status.mirror, &mut status.progress).await,
+        // Later stages read what Resolve wrote in this same pass, not the object's old status.
+        Stage::Check => match status.resolved.clone() {
+            Some(r) => check::run(ctx, ms, &r, &mut status.check).await,
+            None => not_resolved(),
+        },
+        Stage::Mirror => match status.resolved.clone() {
+            Some(r) => mirror::run(ctx, ms, &r, &mut status.mirror, &mut status.progress).await,
+            None => not_resolved(),
+        },
         Stage::Catalog | Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
     })
+}
+
+fn not_resolved() -> Outcome {
+    Outcome::Waiting {
+        reason: "WaitingForResolve".into(),
+        message: "nothing is resolved yet".into(),
+        after: std::time::Duration::from_secs(5),
+    }
 }
 
 /// The pure decision: conditions for every stage from the outcomes of those that ran.
