@@ -259,3 +259,20 @@ async fn traversal_and_unpinned_requests_are_rejected() {
     assert_eq!(r.status(), 400);
     assert!(hub.requests().is_empty());
 }
+
+#[tokio::test]
+async fn a_file_larger_than_the_free_space_fails_before_downloading() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::listed("huge-BF16.gguf", 10 << 40);
+    let commit = hub.add_repo("acme/Huge-GGUF", vec![f.clone()]);
+    let m = mirror(&hub).await;
+    let want = refs("acme/Huge-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "failed");
+    let err = s.files[0].error.as_deref().unwrap();
+    assert!(
+        err.starts_with("huge-BF16.gguf needs 10.0 TiB more on the mirror's volume, which has "),
+        "{err}"
+    );
+    assert!(hub.cdn_log().is_empty(), "nothing was downloaded");
+}

@@ -148,17 +148,8 @@ impl Store {
 
     /// Free bytes on the store's filesystem.
     pub fn free_space(&self) -> io::Result<u64> {
-        let out = std::process::Command::new("df")
-            .args(["-Pk", "--"])
-            .arg(&self.root)
-            .output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.lines()
-            .nth(1)
-            .and_then(|l| l.split_whitespace().nth(3))
-            .and_then(|k| k.parse::<u64>().ok())
-            .map(|k| k * 1024)
-            .ok_or_else(|| io::Error::other("cannot read free space from df"))
+        let s = rustix::fs::statvfs(&self.root)?;
+        Ok(s.f_bavail.saturating_mul(s.f_frsize))
     }
 }
 
