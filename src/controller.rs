@@ -261,12 +261,10 @@ async fn write_status(
     )
     .await?;
     if let Some(stage) = &status.stage {
-        ctx.metrics
-            .models_by_stage
-            .get_or_create(&StageLabel {
-                stage: stage.clone(),
-            })
-            .set(1);
+        ctx.metrics.model_stage(
+            &format!("{}/{}", ms.namespace().unwrap_or_default(), ms.name_any()),
+            stage,
+        );
     }
     Ok(())
 }

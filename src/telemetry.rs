@@ -59,6 +59,8 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     pub transitions: Family<StageLabel, Counter>,
     pub models_by_stage: Family<StageLabel, Gauge>,
+    /// The last stage of each model (namespace/name), for models_by_stage.
+    stages: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Default for Metrics {
@@ -101,11 +103,30 @@ impl Default for Metrics {
             reconcile_seconds,
             transitions,
             models_by_stage,
+            stages: Default::default(),
         }
     }
 }
 
 impl Metrics {
+    /// Records the stage of one model and recounts the models per stage.
+    pub fn model_stage(&self, model: &str, stage: &str) {
+        let mut stages = self.stages.lock().unwrap_or_else(|e| e.into_inner());
+        stages.insert(model.to_string(), stage.to_string());
+        let mut counts: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
+        for s in stages.values() {
+            *counts.entry(s).or_default() += 1;
+        }
+        self.models_by_stage.clear();
+        for (stage, n) in counts {
+            self.models_by_stage
+                .get_or_create(&StageLabel {
+                    stage: stage.to_string(),
+                })
+                .set(n);
+        }
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -165,4 +186,26 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
         )],
         h.metrics.encode(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_by_stage_counts_each_model_once_at_its_latest_stage() {
+        let m = Metrics::default();
+        m.model_stage("ns/a", "Check");
+        m.model_stage("ns/b", "Check");
+        m.model_stage("ns/a", "Mirror");
+        let text = m.encode();
+        assert!(
+            text.contains("modelserve_models{stage=\"Check\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("modelserve_models{stage=\"Mirror\"} 1"),
+            "{text}"
+        );
+    }
 }
