@@ -154,7 +154,12 @@ pub async fn fetch(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let (mut hasher, mut have) = resume_from(&partial, f.size).map_err(disk)?;
+        // Hashing what a restart left behind reads up to the whole file: off the async threads.
+        let (part, size) = (partial.clone(), f.size);
+        let (mut hasher, mut have) = tokio::task::spawn_blocking(move || resume_from(&part, size))
+            .await
+            .map_err(|e| disk(std::io::Error::other(e)))?
+            .map_err(disk)?;
         let free = store.free_space().map_err(disk)?;
         if free < f.size - have {
             return Err(FetchError::NoSpace {
@@ -188,7 +193,11 @@ pub async fn fetch(
         p.set(State::Verifying);
         let got = hex::encode(hasher.finalize());
         if got == f.sha256 {
-            store.commit(f).map_err(disk)?;
+            let (store, file) = (store.clone(), f.clone());
+            tokio::task::spawn_blocking(move || store.commit(&file))
+                .await
+                .map_err(|e| disk(std::io::Error::other(e)))?
+                .map_err(disk)?;
             p.set(State::Present);
             return Ok(());
         }
