@@ -14,6 +14,7 @@ fn quick() -> Retry {
         max_delay: Duration::from_millis(200),
         max_rate_limit_wait: Duration::from_secs(3),
         request_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_secs(5),
     }
 }
 
@@ -21,6 +22,7 @@ fn hub(fake: &FakeHub, token: Option<&str>) -> Hub {
     Hub::new(&fake.url, token.map(String::from))
         .unwrap()
         .with_retry(quick())
+        .unwrap()
 }
 
 async fn gguf_repo(fake: &FakeHub, repo: &str) -> String {
@@ -237,7 +239,7 @@ async fn a_slow_registry_times_out_and_is_retried() {
     fake.slow("/revision/", Duration::from_secs(3), 1);
     let mut r = quick();
     r.request_timeout = Duration::from_millis(500);
-    let h = Hub::new(&fake.url, None).unwrap().with_retry(r);
+    let h = Hub::new(&fake.url, None).unwrap().with_retry(r).unwrap();
     h.model_info("o/r", "main").await.unwrap();
     fake.slow("/revision/", Duration::from_secs(3), 5);
     let e = h.model_info("o/r", "main").await.unwrap_err();

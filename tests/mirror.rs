@@ -276,3 +276,58 @@ async fn a_file_larger_than_the_free_space_fails_before_downloading() {
     );
     assert!(hub.cdn_log().is_empty(), "nothing was downloaded");
 }
+
+#[tokio::test]
+async fn a_registry_that_stalls_or_redirects_in_a_loop_gets_a_bounded_specific_failure() {
+    let hub = FakeHub::start().await;
+    let stalled = HubFile::with_bytes("stall-Q8_0.gguf", bytes(10_000, 8));
+    let looping = HubFile::with_bytes("loop-Q8_0.gguf", bytes(10_000, 9));
+    let commit = hub.add_repo(
+        "acme/Bad-Registry-GGUF",
+        vec![stalled.clone(), looping.clone()],
+    );
+    hub.slow("/resolve/", Duration::from_secs(5), 1000);
+    let m = mirror(&hub).await;
+    let started = std::time::Instant::now();
+    let s = settled(
+        &m.url,
+        &refs(
+            "acme/Bad-Registry-GGUF",
+            &commit,
+            std::slice::from_ref(&stalled),
+        ),
+    )
+    .await;
+    let err = s.files[0].error.as_deref().unwrap_or_default();
+    assert_eq!(s.files[0].state, "failed");
+    assert!(
+        err.contains("timed out") && err.contains("without progress"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "a stalled registry must fail in bounded time"
+    );
+
+    let hub = FakeHub::start().await;
+    let commit = hub.add_repo("acme/Loop-GGUF", vec![looping.clone()]);
+    let own = format!("/acme/Loop-GGUF/resolve/{commit}/loop-Q8_0.gguf");
+    hub.fail("/resolve/", 302, &[("location", own.as_str())], 10_000);
+    let m = mirror(&hub).await;
+    let s = settled(
+        &m.url,
+        &refs("acme/Loop-GGUF", &commit, std::slice::from_ref(&looping)),
+    )
+    .await;
+    let err = s.files[0].error.as_deref().unwrap_or_default();
+    assert_eq!(s.files[0].state, "failed");
+    assert!(err.contains("redirect"), "{err}");
+    assert!(
+        !m.dir
+            .path()
+            .join(format!(
+                "models--acme--Loop-GGUF/snapshots/{commit}/loop-Q8_0.gguf"
+            ))
+            .exists()
+    );
+}

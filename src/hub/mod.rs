@@ -116,8 +116,10 @@ pub struct Retry {
     pub max_delay: Duration,
     /// A rate limit that resets within this long is waited out inside the call.
     pub max_rate_limit_wait: Duration,
-    /// Limit of one request, headers and body.
+    /// Limit of one request, headers and body (downloads have none).
     pub request_timeout: Duration,
+    /// Longest silence while waiting for bytes: a stalled connection fails after this.
+    pub read_timeout: Duration,
 }
 
 impl Default for Retry {
@@ -128,6 +130,7 @@ impl Default for Retry {
             max_delay: Duration::from_secs(8),
             max_rate_limit_wait: Duration::from_secs(30),
             request_timeout: Duration::from_secs(60),
+            read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -185,32 +188,22 @@ impl Hub {
     /// A client for `endpoint` (like HF_ENDPOINT), sending `token` to that host only.
     pub fn new(endpoint: &str, token: Option<String>) -> Result<Hub, HubError> {
         let endpoint = parse_endpoint(endpoint)?;
-        // Redirects to another host or port lose the Authorization header (reqwest drops it);
-        // the token is never sent anywhere but the configured endpoint.
-        let client = |policy| {
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .read_timeout(Duration::from_secs(30))
-                .redirect(policy)
-                .no_proxy()
-                .build()
-                .map_err(|e| HubError::Malformed {
-                    what: format!("HTTP client: {e}"),
-                })
-        };
+        let retry = Retry::default();
+        let (http, probe) = clients(&retry)?;
         Ok(Hub {
-            http: client(reqwest::redirect::Policy::limited(10))?,
-            probe: client(reqwest::redirect::Policy::none())?,
+            http,
+            probe,
             endpoint,
             token: token.filter(|t| !t.trim().is_empty()),
-            retry: Retry::default(),
+            retry,
         })
     }
 
-    /// The same client with other retry settings.
-    pub fn with_retry(mut self, retry: Retry) -> Hub {
+    /// The same client with other retry and timeout settings.
+    pub fn with_retry(mut self, retry: Retry) -> Result<Hub, HubError> {
+        (self.http, self.probe) = clients(&retry)?;
         self.retry = retry;
-        self
+        Ok(self)
     }
 
     pub fn endpoint(&self) -> &Url {
@@ -509,6 +502,27 @@ impl Hub {
             tokio::time::sleep(wait).await;
         }
     }
+}
+
+/// The HTTP clients: one following redirects, one stopping at the registry.
+fn clients(retry: &Retry) -> Result<(reqwest::Client, reqwest::Client), HubError> {
+    // Redirects to another host or port lose the Authorization header (reqwest drops it);
+    // the token is never sent anywhere but the configured endpoint.
+    let client = |policy| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(retry.read_timeout)
+            .redirect(policy)
+            .no_proxy()
+            .build()
+            .map_err(|e| HubError::Malformed {
+                what: format!("HTTP client: {e}"),
+            })
+    };
+    Ok((
+        client(reqwest::redirect::Policy::limited(10))?,
+        client(reqwest::redirect::Policy::none())?,
+    ))
 }
 
 struct Ctx<'a> {

@@ -84,6 +84,8 @@ pub struct Policy {
     pub backoff: Duration,
     /// A failed file is started again by a request only this long after it started.
     pub retry_failed_after: Duration,
+    /// Longest silence from the registry before a connection counts as stalled.
+    pub read_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -93,6 +95,7 @@ impl Default for Policy {
             stalls: 8,
             backoff: Duration::from_secs(1),
             retry_failed_after: Duration::from_secs(60),
+            read_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -138,7 +138,14 @@ impl Mirror {
         jobs.by_sha.insert(f.sha256.clone(), p.clone());
         let (mirror, job) = (self.clone(), p.clone());
         tokio::spawn(async move {
-            let result = match Hub::new(&mirror.endpoint, token) {
+            // The download loop resumes after failures itself, so the client retries little.
+            let retry = crate::hub::Retry {
+                attempts: 2,
+                base: mirror.policy.backoff,
+                read_timeout: mirror.policy.read_timeout,
+                ..Default::default()
+            };
+            let result = match Hub::new(&mirror.endpoint, token).and_then(|h| h.with_retry(retry)) {
                 Ok(hub) => fetch::fetch(&hub, &mirror.store, &job, mirror.policy).await,
                 Err(e) => Err(fetch::FetchError::Registry(e, job.file.path.clone())),
             };

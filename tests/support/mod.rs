@@ -220,6 +220,7 @@ pub async fn start_mirror(registry: &str) -> (String, tempfile::TempDir) {
         stalls: 4,
         backoff: Duration::from_millis(50),
         retry_failed_after: Duration::from_secs(60),
+        read_timeout: Duration::from_millis(500),
     };
     let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
