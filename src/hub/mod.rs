@@ -309,14 +309,8 @@ impl Hub {
     /// Checks that the token (or no token) may download `path` of a gated repo, without
     /// downloading: the registry answers 401/403 GatedRepo before redirecting to the CDN.
     pub async fn check_access(&self, repo: &str, commit: &str, path: &str) -> Result<(), HubError> {
-        check_repo(repo)?;
-        check_revision(commit)?;
         let url = self.resolve_url(repo, commit, path)?;
-        let ctx = Ctx {
-            repo,
-            revision: Some(commit),
-            path: Some(path),
-        };
+        let ctx = Ctx::file(repo, commit, path);
         self.send_with(&self.probe, Method::HEAD, url, &ctx, None, true)
             .await
             .map(|_| ())
@@ -341,14 +335,8 @@ impl Hub {
                 why: "it must be 1 byte to 64 MiB",
             });
         }
-        check_repo(repo)?;
-        check_revision(commit)?;
         let url = self.resolve_url(repo, commit, path)?;
-        let ctx = Ctx {
-            repo,
-            revision: Some(commit),
-            path: Some(path),
-        };
+        let ctx = Ctx::file(repo, commit, path);
         let range = format!("bytes={}-{}", offset, offset.saturating_add(len - 1));
         let resp = self.send_ranged(Method::GET, url, &ctx, &range).await?;
         let skip = if resp.status() == StatusCode::PARTIAL_CONTENT {
@@ -384,21 +372,17 @@ impl Hub {
         path: &str,
         offset: u64,
     ) -> Result<reqwest::Response, HubError> {
-        check_repo(repo)?;
-        check_revision(commit)?;
         let url = self.resolve_url(repo, commit, path)?;
-        let ctx = Ctx {
-            repo,
-            revision: Some(commit),
-            path: Some(path),
-        };
+        let ctx = Ctx::file(repo, commit, path);
         let range = format!("bytes={offset}-");
         self.send_with(&self.http, Method::GET, url, &ctx, Some(&range), false)
             .await
     }
 
-    /// The download URL of a file at a commit.
+    /// The download URL of a file at a commit; repo, revision and path are checked first.
     pub fn resolve_url(&self, repo: &str, commit: &str, path: &str) -> Result<Url, HubError> {
+        check_repo(repo)?;
+        check_revision(commit)?;
         if !safe_path(path) {
             return Err(HubError::InvalidInput {
                 what: "file path",
@@ -529,6 +513,17 @@ struct Ctx<'a> {
     repo: &'a str,
     revision: Option<&'a str>,
     path: Option<&'a str>,
+}
+
+impl<'a> Ctx<'a> {
+    /// The context of a request for one file at a revision.
+    fn file(repo: &'a str, revision: &'a str, path: &'a str) -> Ctx<'a> {
+        Ctx {
+            repo,
+            revision: Some(revision),
+            path: Some(path),
+        }
+    }
 }
 
 fn is_retryable(s: StatusCode) -> bool {
