@@ -439,11 +439,29 @@ async fn gate(
     Ok(repo.clone())
 }
 
-fn commit_of(repo: &Repo, rev: &str) -> Option<String> {
-    if repo.commits.contains_key(rev) {
-        return Some(rev.to_string());
+/// The gate's checks, then the commit `rev` names (a commit or a branch), as the Hub answers them.
+async fn at_revision(
+    state: &Shared,
+    path: &str,
+    headers: &HeaderMap,
+    repo_id: &str,
+    rev: &str,
+    content: bool,
+) -> Result<(Repo, String), Response> {
+    let repo = gate(state, path, headers, repo_id, content).await?;
+    let commit = if repo.commits.contains_key(rev) {
+        Some(rev.to_string())
+    } else {
+        repo.branches.get(rev).cloned()
+    };
+    match commit {
+        Some(c) => Ok((repo, c)),
+        None => Err(error(
+            404,
+            Some("RevisionNotFound"),
+            &format!("Invalid rev id: {rev}"),
+        )),
     }
-    repo.branches.get(rev).cloned()
 }
 
 async fn model_info(
@@ -453,16 +471,9 @@ async fn model_info(
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/api/models/{repo_id}/revision/{rev}");
-    let repo = match gate(&state, &path, &headers, &repo_id, false).await {
-        Ok(r) => r,
+    let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, false).await {
+        Ok(found) => found,
         Err(resp) => return resp,
-    };
-    let Some(commit) = commit_of(&repo, &rev) else {
-        return error(
-            404,
-            Some("RevisionNotFound"),
-            &format!("Invalid rev id: {rev}"),
-        );
     };
     let siblings: Vec<_> = repo.commits[&commit]
         .iter()
@@ -504,16 +515,9 @@ async fn tree(
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/api/models/{repo_id}/tree/{rev}");
-    let repo = match gate(&state, &path, &headers, &repo_id, false).await {
-        Ok(r) => r,
+    let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, false).await {
+        Ok(found) => found,
         Err(resp) => return resp,
-    };
-    let Some(commit) = commit_of(&repo, &rev) else {
-        return error(
-            404,
-            Some("RevisionNotFound"),
-            &format!("Invalid rev id: {rev}"),
-        );
     };
     let page_size = state.lock().unwrap().page_size;
     let start: usize = q.get("cursor").and_then(|c| c.parse().ok()).unwrap_or(0);
@@ -569,16 +573,9 @@ async fn resolve(
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/{repo_id}/resolve/{rev}/{file}");
-    let repo = match gate(&state, &path, &headers, &repo_id, true).await {
-        Ok(r) => r,
+    let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, true).await {
+        Ok(found) => found,
         Err(resp) => return resp,
-    };
-    let Some(commit) = commit_of(&repo, &rev) else {
-        return error(
-            404,
-            Some("RevisionNotFound"),
-            &format!("Invalid rev id: {rev}"),
-        );
     };
     let Some(f) = repo.commits[&commit].iter().find(|f| f.path == file) else {
         let mut r = error(
