@@ -231,10 +231,26 @@ pub async fn run(
 ) -> Outcome {
     let p = plan(ms, &ctx.config.engine_image, ctx.config.engine_build);
     let key = request(resolved, &p);
-    let status = match check
+    let cached = check
         .clone()
-        .filter(|c| c.request.as_deref() == Some(key.as_str()))
+        .filter(|c| c.request.as_deref() == Some(key.as_str()));
+    // A check that passed for this generation holds: later stages reconcile every few seconds
+    // and must not list every node each time. Place reports what the scheduler says after that.
+    if cached.is_some()
+        && let Some(c) = ms
+            .status
+            .as_ref()
+            .and_then(|s| crate::conditions::get(&s.conditions, "Checked"))
+        && c.status == "True"
+        && c.observed_generation.is_some()
+        && c.observed_generation == ms.metadata.generation
     {
+        return Outcome::Done {
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+        };
+    }
+    let status = match cached {
         Some(done) => done,
         None => {
             let token = match super::resolve::token(ctx, ms).await {
