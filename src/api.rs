@@ -263,9 +263,28 @@ pub struct ModelServeStatus {
     /// Label selector of the replicas' pods, for the scale subresource.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// The replica the Place stage found ready, which the smoke test calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementStatus>,
     /// The smoke test's reply and speed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smoke: Option<SmokeStatus>,
+}
+
+/// Where a ready replica runs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementStatus {
+    /// The ready pod.
+    pub pod: String,
+    /// The node it runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The pod's IP and the llama.cpp server's port, e.g. 10.1.2.3:8080.
+    pub address: String,
+    /// The pod's UID, so a replaced pod is smoke-tested again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// The resolved, pinned file set.
