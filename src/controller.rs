@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -49,7 +50,13 @@ pub struct Config {
     /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
     #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
     pub engine_build: Option<u32>,
+    /// Image of the replicas' init container that copies the model from the mirror (`modelserve pull`).
+    #[arg(long, env = "MODELSERVE_PULL_IMAGE", default_value = DEFAULT_PULL_IMAGE)]
+    pub pull_image: String,
 }
+
+/// The default image of `modelserve pull`: this very version of modelserve.
+pub const DEFAULT_PULL_IMAGE: &str = concat!("ghcr.io/modelserve/modelserve:", env!("CARGO_PKG_VERSION"));
 
 /// The default llama.cpp server image.
 pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
@@ -115,6 +122,11 @@ pub async fn run(config: Config) -> Result<(), Error> {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    // A Deployment's change (scaled by hand, a replica ready or gone) reconciles its ModelServe.
+    let deployments: Api<Deployment> = match &config.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -131,6 +143,10 @@ pub async fn run(config: Config) -> Result<(), Error> {
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");
     let controller = Controller::new(api, watcher::Config::default())
+        .owns(
+            deployments,
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=modelserve"),
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});

@@ -1,6 +1,7 @@
 //! The six stages in order. Each reconcile runs them from the top and stops at the first one
 //! that is not done; a done stage is cheap to run again because every stage is idempotent.
 
+pub mod catalog;
 pub mod check;
 pub mod mirror;
 pub mod resolve;
@@ -155,7 +156,8 @@ async fn run_stage(
             Some(r) => mirror::run(ctx, ms, &r, &mut status.mirror, &mut status.progress).await,
             None => not_resolved(),
         },
-        Stage::Catalog | Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
+        Stage::Catalog => catalog::run(ctx, ms, status).await,
+        Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
     })
 }
 
