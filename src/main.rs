@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use modelserve::telemetry::{self, LogFormat};
 
 /// Serve a GGUF model from a Hugging Face repository on Kubernetes with llama.cpp.
@@ -32,12 +32,53 @@ enum Command {
     Plan(modelserve::cli::plan::Args),
     /// Estimate the memory of local GGUF files, without a registry or a cluster.
     Estimate(modelserve::cli::estimate::Args),
+    /// Create or update a ModelServe for OWNER/REPO and follow its stages until it answers.
+    Serve(modelserve::cli::serve::Args),
+    /// Show the stages of one ModelServe and what they found.
+    Status(modelserve::cli::status::Args),
+    /// List ModelServes, as `kubectl get modelserves` does.
+    List(modelserve::cli::list::Args),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Installed or linked as kubectl-modelserve, the usage says `kubectl modelserve`.
+    let program = modelserve::cli::program_name();
+    let cli = match Cli::command()
+        .bin_name(program)
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => return modelserve::cli::usage_error(e, &Cli::command()),
+    };
     let result = match cli.command {
+        Command::Serve(args) => {
+            return modelserve::cli::finish(modelserve::cli::serve::run(args).await);
+        }
+        Command::Status(args) => {
+            return modelserve::cli::finish(modelserve::cli::status::run(args).await);
+        }
+        Command::List(args) => {
+            return modelserve::cli::finish(modelserve::cli::list::run(args).await);
+        }
+        Command::Completions { shell } => {
+            let bin = std::env::args_os()
+                .next()
+                .and_then(|a| {
+                    std::path::Path::new(&a)
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                })
+                .unwrap_or_else(|| "modelserve".into());
+            clap_complete::generate(shell, &mut Cli::command(), bin, &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
         Command::Crd => modelserve::api::crd_yaml()
             .map(|y| print!("{y}"))
             .map_err(|e| e.to_string()),

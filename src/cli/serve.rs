@@ -1,0 +1,395 @@
+//! `modelserve serve OWNER/REPO`: create or update a ModelServe from flags (server-side apply, so
+//! running it again changes nothing), then follow it stage by stage until it answers or fails.
+
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+use crate::api::ModelServe;
+use crate::cli::watch::{self, Display};
+use crate::cli::{Failure, Output, cluster};
+
+/// The field manager of everything the CLI applies.
+pub const FIELD_MANAGER: &str = "modelserve-cli";
+
+/// Flags of `modelserve serve`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Repository on the registry, as owner/name (for example bartowski/Qwen2.5-7B-Instruct-GGUF).
+    pub repo: String,
+    /// Quantisation to serve (default Q4_K_M), matched as a whole token of the file names.
+    #[arg(long, conflicts_with = "file")]
+    pub quant: Option<String>,
+    /// A GGUF file path or shard-set name to serve instead of choosing by quant.
+    #[arg(long)]
+    pub file: Option<String>,
+    /// Branch, tag or commit (default main); pinned to a commit once resolved.
+    #[arg(long)]
+    pub revision: Option<String>,
+    /// Name of the ModelServe (default: from the repository, e.g. qwen2-5-7b-instruct).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Serving replicas (default 1).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..=1000), conflicts_with = "on_demand")]
+    pub replicas: Option<i32>,
+    /// Prepare everything but start no replica (replicas 0); a later scale-up starts it.
+    #[arg(long)]
+    pub on_demand: bool,
+    /// Namespace (default: the kubeconfig context's, else default).
+    #[arg(long, short = 'n')]
+    pub namespace: Option<String>,
+    /// Total context of the server in tokens (default 16384).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(256..=4_194_304))]
+    pub context_size: Option<i32>,
+    /// Context of one request in tokens (default 4096); slots = context-size / context-length.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(256..=4_194_304))]
+    pub context_length: Option<i32>,
+    /// Secret with the registry token for gated or private repositories, as NAME or NAME:KEY (key default "token").
+    #[arg(long, value_name = "NAME[:KEY]", value_parser = parse_token_secret)]
+    pub token_secret: Option<(String, String)>,
+    /// Do not send the smoke-test chat completion to the first ready replica.
+    #[arg(long)]
+    pub no_smoke_test: bool,
+    /// Apply and return at once; the controller goes on without this terminal.
+    #[arg(long, short = 'd')]
+    pub detach: bool,
+    /// Output format: text while watching, or the final status as JSON.
+    #[arg(long, short = 'o', value_enum, default_value = "text")]
+    pub output: Output,
+    /// Stop watching after this long (90s, 30m, 2h; default: until ready or failed).
+    #[arg(long, value_parser = parse_timeout)]
+    pub timeout: Option<Duration>,
+}
+
+/// Applies the ModelServe and, unless detached, follows it to a verdict.
+pub async fn run(args: Args) -> Result<(), Failure> {
+    crate::hub::check_repo(&args.repo).map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(rev) = &args.revision {
+        crate::hub::check_revision(rev).map_err(|e| Failure::usage(e.to_string()))?;
+    }
+    if let (Some(size), Some(len)) = (args.context_size, args.context_length)
+        && len > size
+    {
+        return Err(Failure::usage(format!(
+            "--context-length {len} is larger than --context-size {size}: one request cannot use more than the server's whole context"
+        )));
+    }
+    let name = match &args.name {
+        Some(n) => check_name(n).map(|()| n.clone())?,
+        None => object_name(&args.repo),
+    };
+    let cluster = cluster::connect().await?;
+    let namespace = args
+        .namespace
+        .clone()
+        .unwrap_or_else(|| cluster.default_namespace.clone());
+    cluster.ensure_crd(Some(&namespace)).await?;
+    let api: Api<ModelServe> = Api::namespaced(cluster.client.clone(), &namespace);
+
+    let before = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| cluster.explain(e, &format!("read ModelServe {namespace}/{name}")))?;
+    if let Some(old) = &before
+        && old.spec.repo != args.repo
+    {
+        return Err(Failure::new(format!(
+            "ModelServe {namespace}/{name} already serves {}; choose another --name to serve {}",
+            old.spec.repo, args.repo
+        )));
+    }
+    let applied = api
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(manifest(&args, &name)),
+        )
+        .await
+        .map_err(|e| cluster.explain(e, &format!("apply ModelServe {namespace}/{name}")))?;
+    let generation = applied.metadata.generation.unwrap_or(1);
+    let verb = match &before {
+        None => "created",
+        Some(old) if old.metadata.generation == applied.metadata.generation => "unchanged",
+        Some(_) => "configured",
+    };
+    let hint = watch::resume_hint(&name, &namespace);
+
+    if args.detach {
+        match args.output {
+            Output::Json => {
+                let mut shown = applied.clone();
+                shown.metadata.managed_fields = None;
+                let text = serde_json::to_string_pretty(&shown)
+                    .map_err(|e| Failure::new(format!("cannot print the ModelServe: {e}")))?;
+                println!("{text}");
+            }
+            Output::Text => println!(
+                "ModelServe {namespace}/{name} {verb} ({}); follow it with `{hint}`",
+                args.repo
+            ),
+        }
+        return Ok(());
+    }
+
+    let mut display = Display::for_output(args.output);
+    display.line(&format!(
+        "ModelServe {namespace}/{name} {verb} ({}); Ctrl-C stops watching, not the model",
+        args.repo
+    ));
+    let outcome = watch::follow(&api, &name, generation, &mut display, args.timeout).await;
+    watch::conclude(
+        outcome,
+        &name,
+        &namespace,
+        &mut display,
+        args.output,
+        args.timeout,
+    )
+}
+
+/// The object to apply: only what the flags say, so the API server's defaults fill the rest and
+/// a field left out on a later run returns to its default.
+pub fn manifest(args: &Args, name: &str) -> serde_json::Value {
+    let mut spec = serde_json::Map::new();
+    spec.insert("repo".into(), args.repo.clone().into());
+    let mut set = |key: &str, value: Option<serde_json::Value>| {
+        if let Some(v) = value {
+            spec.insert(key.into(), v);
+        }
+    };
+    set("quant", args.quant.clone().map(Into::into));
+    set("file", args.file.clone().map(Into::into));
+    set("revision", args.revision.clone().map(Into::into));
+    let replicas = if args.on_demand {
+        Some(0)
+    } else {
+        args.replicas
+    };
+    set("replicas", replicas.map(Into::into));
+    set("contextSize", args.context_size.map(Into::into));
+    set("contextLength", args.context_length.map(Into::into));
+    set(
+        "tokenSecretRef",
+        args.token_secret
+            .as_ref()
+            .map(|(name, key)| serde_json::json!({"name": name, "key": key})),
+    );
+    set(
+        "smokeTest",
+        args.no_smoke_test
+            .then(|| serde_json::json!({"enabled": false})),
+    );
+    serde_json::json!({
+        "apiVersion": "modelserve.dev/v1alpha1",
+        "kind": "ModelServe",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+}
+
+/// The ModelServe name suggested for a repository: the served name made a DNS label, since it
+/// also names the model's Deployment and Service (`bartowski/Qwen2.5-7B-Instruct-GGUF` becomes
+/// `qwen2-5-7b-instruct`).
+pub fn object_name(repo: &str) -> String {
+    let served = crate::naming::served_name(repo);
+    let mut out = String::with_capacity(served.len() + 2);
+    for c in served.chars() {
+        let c = if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            c
+        } else {
+            '-'
+        };
+        if c == '-' && (out.is_empty() || out.ends_with('-')) {
+            continue;
+        }
+        out.push(c);
+    }
+    // A Service name must start with a letter.
+    if !out.starts_with(|c: char| c.is_ascii_lowercase()) {
+        out.insert_str(0, "m-");
+    }
+    out.truncate(63);
+    out.trim_end_matches('-').to_string()
+}
+
+/// A name the Deployment and Service can share: a DNS-1035 label.
+pub fn check_name(name: &str) -> Result<(), Failure> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Failure::usage(format!(
+            "--name {name:?} is not a valid name: use lowercase letters, digits and '-', start with a letter, end with a letter or digit, at most 63 characters (it also names the model's Service)"
+        )))
+    }
+}
+
+/// `NAME` or `NAME:KEY` of the token Secret.
+fn parse_token_secret(s: &str) -> Result<(String, String), String> {
+    let (name, key) = s.split_once(':').unwrap_or((s, "token"));
+    let name_ok = !name.is_empty()
+        && name.len() <= 253
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    let key_ok = !key.is_empty()
+        && key.len() <= 253
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    match (name_ok, key_ok) {
+        (true, true) => Ok((name.into(), key.into())),
+        (false, _) => Err(format!(
+            "{name:?} is not a Secret name (lowercase letters, digits, '-' and '.'); write NAME or NAME:KEY"
+        )),
+        (true, false) => Err(format!(
+            "{key:?} is not a Secret key (letters, digits, '-', '_' and '.'); write NAME or NAME:KEY"
+        )),
+    }
+}
+
+/// `90`, `90s`, `30m`, `2h`, `1h30m`; `0` means no timeout.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration such as 90s, 30m, 2h or 1h30m");
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86400,
+            _ => return Err(bad()),
+        };
+        let n: u64 = number.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+        number.clear();
+    }
+    if !number.is_empty() || s.is_empty() {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(argv: &[&str]) -> Args {
+        T::try_parse_from(std::iter::once("serve").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn the_default_name_is_a_dns_label_from_the_repo() {
+        assert_eq!(
+            object_name("bartowski/Qwen2.5-7B-Instruct-GGUF"),
+            "qwen2-5-7b-instruct"
+        );
+        assert_eq!(object_name("unsloth/Qwen3-0.6B-GGUF"), "qwen3-0-6b");
+        assert_eq!(object_name("TheBloke/7B_Model-GGUF"), "m-7b-model");
+        assert_eq!(object_name("a/__GGUF"), "model");
+        let long = object_name(&format!("a/{}", "x".repeat(200)));
+        assert_eq!(long.len(), 63);
+        for repo in ["acme/Tiny-GGUF", "x/Foo..Bar", "x/-a-", "x/9"] {
+            let n = object_name(repo);
+            assert!(check_name(&n).is_ok(), "{repo} -> {n}");
+        }
+    }
+
+    #[test]
+    fn names_that_cannot_name_a_service_are_refused() {
+        for bad in [
+            "Tiny",
+            "1tiny",
+            "tiny-",
+            "ti_ny",
+            "ti.ny",
+            "",
+            &"a".repeat(64),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_name("tiny-2").is_ok());
+    }
+
+    #[test]
+    fn the_manifest_holds_only_what_the_flags_say() {
+        let m = manifest(&args(&["acme/Tiny-GGUF"]), "tiny");
+        assert_eq!(m["spec"], serde_json::json!({"repo": "acme/Tiny-GGUF"}));
+        assert_eq!(m["metadata"]["name"], "tiny");
+        let m = manifest(
+            &args(&[
+                "acme/Tiny-GGUF",
+                "--quant",
+                "Q8_0",
+                "--on-demand",
+                "--context-size",
+                "8192",
+                "--token-secret",
+                "hf",
+                "--no-smoke-test",
+            ]),
+            "tiny",
+        );
+        assert_eq!(
+            m["spec"],
+            serde_json::json!({"repo": "acme/Tiny-GGUF", "quant": "Q8_0", "replicas": 0,
+                "contextSize": 8192, "tokenSecretRef": {"name": "hf", "key": "token"},
+                "smokeTest": {"enabled": false}})
+        );
+    }
+
+    #[test]
+    fn token_secret_takes_an_optional_key() {
+        assert_eq!(
+            parse_token_secret("hf-token:HF_TOKEN"),
+            Ok(("hf-token".into(), "HF_TOKEN".into()))
+        );
+        assert!(parse_token_secret("Bad_Name").is_err());
+        assert!(parse_token_secret("ok:").is_err());
+    }
+
+    #[test]
+    fn timeouts_read_like_kubectl_wait() {
+        assert_eq!(parse_timeout("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_timeout("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_timeout("1h30m"), Ok(Duration::from_secs(5400)));
+        assert!(parse_timeout("soon").is_err());
+        assert!(parse_timeout("5x").is_err());
+        assert!(parse_timeout("10m5").is_err());
+    }
+
+    #[test]
+    fn replicas_and_on_demand_exclude_each_other() {
+        assert!(T::try_parse_from(["serve", "a/b", "--replicas", "2", "--on-demand"]).is_err());
+        assert!(T::try_parse_from(["serve", "a/b", "--replicas", "-1"]).is_err());
+    }
+}
