@@ -105,7 +105,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
         message: e.to_string(),
     })?;
     let (client, url) = connect().await?;
-    ensure_crd_installed(&client, &url).await?;
+    ensure_crd_installed(&client, &url, config.watch_namespace.as_deref()).await?;
 
     let metrics = Arc::new(Metrics::default());
     let health = Health {
@@ -170,8 +170,16 @@ pub async fn connect() -> Result<(Client, String), Error> {
 }
 
 /// Fails with a clear message when the CRD is missing or the API server cannot be reached.
-pub async fn ensure_crd_installed(client: &Client, url: &str) -> Result<(), Error> {
-    let api: Api<ModelServe> = Api::all(client.clone());
+/// Lists in the watched namespace only, so a namespace-scoped install (a Role) passes.
+pub async fn ensure_crd_installed(
+    client: &Client,
+    url: &str,
+    namespace: Option<&str>,
+) -> Result<(), Error> {
+    let api: Api<ModelServe> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     match api.list(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::CrdMissing),
