@@ -9,6 +9,7 @@ pub mod hub;
 pub mod mirror;
 pub mod naming;
 pub mod pipeline;
+pub mod pull;
 pub mod telemetry;
 pub mod units;
 

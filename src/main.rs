@@ -28,6 +28,8 @@ enum Command {
     Crd,
     /// Run the verifying model mirror.
     Mirror(modelserve::mirror::Config),
+    /// Copy a model's files from the mirror and verify them (the replicas' init container).
+    Pull(modelserve::pull::Args),
     /// Show what a repository resolves to, without a cluster.
     Plan(modelserve::cli::plan::Args),
     /// Estimate the memory of local GGUF files, without a registry or a cluster.
@@ -89,6 +91,10 @@ async fn main() -> ExitCode {
         Command::Mirror(config) => {
             telemetry::init_logs(cli.log_format);
             modelserve::mirror::run(config).await
+        }
+        Command::Pull(args) => {
+            telemetry::init_logs(cli.log_format);
+            modelserve::pull::run(args).await
         }
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);

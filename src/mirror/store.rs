@@ -148,9 +148,14 @@ impl Store {
 
     /// Free bytes on the store's filesystem.
     pub fn free_space(&self) -> io::Result<u64> {
-        let s = rustix::fs::statvfs(&self.root)?;
-        Ok(s.f_bavail.saturating_mul(s.f_frsize))
+        free_space(&self.root)
     }
+}
+
+/// Free bytes (for an unprivileged writer) on the filesystem holding `path`.
+pub(crate) fn free_space(path: &Path) -> io::Result<u64> {
+    let s = rustix::fs::statvfs(path)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 #[cfg(test)]
