@@ -53,6 +53,15 @@ pub struct Config {
     /// Image of the replicas' init container that copies the model from the mirror (`modelserve pull`).
     #[arg(long, env = "MODELSERVE_PULL_IMAGE", default_value = DEFAULT_PULL_IMAGE)]
     pub pull_image: String,
+    /// How long a replica may stay unschedulable before the Place stage reports it (the scheduler keeps retrying; a cluster autoscaler may add a node), e.g. 60s, 5m.
+    #[arg(long, env = "MODELSERVE_PLACE_GRACE", default_value = "60s", value_parser = parse_duration)]
+    pub place_grace: Duration,
+    /// How long a new replica may take to become ready, copying the model included, before the Place stage gives up, e.g. 30m, 2h.
+    #[arg(long, env = "MODELSERVE_PLACE_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    pub place_timeout: Duration,
+    /// Restarts a replica's container may have before the Place stage reports a crash loop.
+    #[arg(long, env = "MODELSERVE_CRASH_RESTARTS", default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..))]
+    pub crash_restarts: i32,
 }
 
 /// The default image of `modelserve pull`: this very version of modelserve.
@@ -60,6 +69,37 @@ pub const DEFAULT_PULL_IMAGE: &str = concat!("ghcr.io/modelserve/modelserve:", e
 
 /// The default llama.cpp server image.
 pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
+
+/// A duration as `90s`, `5m`, `1h30m` or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration such as 90s, 5m or 1h30m");
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let (mut total, mut digits) = (0u64, String::new());
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || s.is_empty() {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
 
 fn parse_build(s: &str) -> Result<u32, String> {
     s.trim_start_matches('b')
@@ -421,6 +461,17 @@ mod tests {
                 .iter()
                 .all(|c| c.observed_generation == Some(2))
         );
+    }
+
+    #[test]
+    fn durations_parse_as_flags_write_them() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        for bad in ["", "m", "5x", "1.5h", "-3s", "5m3"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -166,7 +166,9 @@ async fn a_broken_connection_resumes_from_where_it_stopped() {
     let resumed = log[1].1.as_deref().unwrap();
     let from: u64 = resumed
         .trim_start_matches("bytes=")
-        .trim_end_matches('-')
+        .split('-')
+        .next()
+        .unwrap()
         .parse()
         .unwrap();
     assert!(

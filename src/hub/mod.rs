@@ -363,18 +363,18 @@ impl Hub {
         Ok(out)
     }
 
-    /// Starts downloading a file at a commit from byte `offset`, following the redirect to the
-    /// CDN without the token. The caller checks for 206 (resumed) or 200 (from the start).
+    /// Starts downloading bytes `start..end` of a file at a commit, following the redirect to the
+    /// CDN without the token. The caller checks for 206 (the range) or 200 (the whole file).
     pub async fn download(
         &self,
         repo: &str,
         commit: &str,
         path: &str,
-        offset: u64,
+        range: std::ops::Range<u64>,
     ) -> Result<reqwest::Response, HubError> {
         let url = self.resolve_url(repo, commit, path)?;
         let ctx = Ctx::file(repo, commit, path);
-        let range = format!("bytes={offset}-");
+        let range = format!("bytes={}-{}", range.start, range.end.saturating_sub(1));
         self.send_with(&self.http, Method::GET, url, &ctx, Some(&range), false)
             .await
     }

@@ -1,16 +1,23 @@
-//! One verified download: stream from the registry into `.incomplete/`, hashing as the bytes
-//! arrive, resume after a broken connection from where it stopped, check size and sha256, and
-//! only then move the file into place.
+//! One verified download into `.incomplete/`: a large file comes over several Range connections
+//! at once, one segment each, written in place; the sha256 follows the bytes as they become
+//! contiguous, reading back from the page cache what was just written rather than the whole file
+//! at the end. A ledger beside the partial file records each segment's progress, so a restart
+//! (even SIGKILL) resumes every segment where it stopped. Size and sha256 are checked before the
+//! file moves into place.
 
-use std::io::{Read, Write};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use reqwest::StatusCode;
 use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
 
+use super::metrics::Metrics;
 use super::store::{FileRef, Store};
 use crate::hub::Hub;
 use crate::units::human_bytes;
@@ -86,6 +93,10 @@ pub struct Policy {
     pub retry_failed_after: Duration,
     /// Longest silence from the registry before a connection counts as stalled.
     pub read_timeout: Duration,
+    /// Range connections for one file; a file smaller than two segments uses one.
+    pub connections: usize,
+    /// Bytes one connection asks for at a time.
+    pub segment: u64,
 }
 
 impl Default for Policy {
@@ -96,6 +107,8 @@ impl Default for Policy {
             backoff: Duration::from_secs(1),
             retry_failed_after: Duration::from_secs(60),
             read_timeout: Duration::from_secs(30),
+            connections: 4,
+            segment: 64 << 20,
         }
     }
 }
@@ -114,7 +127,15 @@ pub enum FetchError {
     },
     #[error("{path}: the registry sent more than the {size} bytes it published")]
     TooLong { path: String, size: u64 },
-    #[error("{path} needs {needed} more on the mirror's volume, which has {free} free")]
+    #[error("{path}: the registry published {published} bytes but its download says {served}")]
+    SizeDisagrees {
+        path: String,
+        published: u64,
+        served: u64,
+    },
+    #[error(
+        "{path} needs {needed} more on the mirror's volume, which has {free} free; the part already downloaded is kept for when there is room"
+    )]
     NoSpace {
         path: String,
         needed: String,
@@ -136,12 +157,27 @@ pub enum FetchError {
     },
 }
 
+impl FetchError {
+    /// A short label of the kind of failure, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FetchError::Mismatch { .. } => "mismatch",
+            FetchError::TooLong { .. } | FetchError::SizeDisagrees { .. } => "size",
+            FetchError::NoSpace { .. } => "no_space",
+            FetchError::Stalled { .. } => "stalled",
+            FetchError::Registry(..) => "registry",
+            FetchError::Disk { .. } => "disk",
+        }
+    }
+}
+
 /// Downloads and verifies one file into the store; `p` follows along.
 pub async fn fetch(
     hub: &Hub,
     store: &Store,
     p: &Progress,
     policy: Policy,
+    metrics: &Metrics,
 ) -> Result<(), FetchError> {
     let f = &p.file;
     let disk = |source| FetchError::Disk {
@@ -154,15 +190,24 @@ pub async fn fetch(
         return Ok(());
     }
     let partial = store.partial(&f.sha256);
+    let ledger_path = ledger_path(&partial);
+    // A registry that ignores Range gets one connection, restarted from byte 0 when it breaks.
+    let mut ranges = true;
+    let mut restarts = 0;
     let mut attempt = 0;
     loop {
         attempt += 1;
-        // Hashing what a restart left behind reads up to the whole file: off the async threads.
-        let (part, size) = (partial.clone(), f.size);
-        let (mut hasher, mut have) = tokio::task::spawn_blocking(move || resume_from(&part, size))
+        let segment = if ranges && policy.connections > 1 {
+            policy.segment.max(1)
+        } else {
+            f.size.max(1)
+        };
+        let (part, ledger, size) = (partial.clone(), ledger_path.clone(), f.size);
+        let job = tokio::task::spawn_blocking(move || Job::open(&part, &ledger, size, segment))
             .await
             .map_err(|e| disk(std::io::Error::other(e)))?
             .map_err(disk)?;
+        let have = job.done_total();
         let free = store.free_space().map_err(disk)?;
         if free < f.size - have {
             return Err(FetchError::NoSpace {
@@ -173,39 +218,74 @@ pub async fn fetch(
         }
         p.bytes_done.store(have, Ordering::Relaxed);
         p.set(State::Downloading);
-        let mut stalls = 0;
-        while have < f.size {
-            let before = have;
-            match stream_into(hub, f, &partial, &mut hasher, &mut have, p).await {
+        let job = Arc::new(job);
+        let connections = if segment >= f.size {
+            1
+        } else {
+            policy.connections
+        };
+        let workers = futures::future::join_all(
+            (0..connections).map(|_| worker(hub, f, &job, p, policy, metrics)),
+        );
+        let (results, digest) = tokio::join!(
+            async {
+                let r = workers.await;
+                job.stop.store(true, Ordering::Release);
+                job.wake.notify_one();
+                r
+            },
+            hash(job.clone(), f.size)
+        );
+        job.flush();
+        let mut no_ranges = false;
+        for r in results {
+            match r {
                 Ok(()) => {}
+                Err(Step::NoRanges) => no_ranges = true,
                 Err(Step::Fatal(e)) => return Err(e),
+                // Workers give up on retries themselves; should one come back, it ends the same way.
                 Err(Step::Retry(cause)) => {
-                    stalls = if have > before { 0 } else { stalls + 1 };
-                    if stalls >= policy.stalls {
-                        return Err(FetchError::Stalled {
-                            path: f.path.clone(),
-                            cause,
-                            stalls,
-                        });
-                    }
-                    tracing::info!(path = %f.path, have, %cause, "download interrupted; resuming");
-                    tokio::time::sleep(policy.backoff * stalls.max(1)).await;
+                    return Err(FetchError::Stalled {
+                        path: f.path.clone(),
+                        cause,
+                        stalls: policy.stalls,
+                    });
                 }
             }
         }
+        if no_ranges {
+            restarts += 1;
+            if restarts > policy.stalls {
+                return Err(FetchError::Stalled {
+                    path: f.path.clone(),
+                    cause: "the registry ignores Range requests and the connection keeps breaking"
+                        .into(),
+                    stalls: restarts,
+                });
+            }
+            tracing::info!(path = %f.path, "the registry ignores Range: one connection from byte 0");
+            ranges = false;
+            remove(&partial, &ledger_path);
+            attempt -= 1;
+            continue;
+        }
+        let digest = digest.map_err(disk)?;
         p.set(State::Verifying);
-        let got = hex::encode(hasher.finalize());
+        let got = digest.map(hex::encode).unwrap_or_default();
         if got == f.sha256 {
-            let (store, file) = (store.clone(), f.clone());
-            tokio::task::spawn_blocking(move || store.commit(&file))
-                .await
-                .map_err(|e| disk(std::io::Error::other(e)))?
-                .map_err(disk)?;
+            let (store, file, ledger) = (store.clone(), f.clone(), ledger_path.clone());
+            tokio::task::spawn_blocking(move || {
+                store.commit(&file)?;
+                std::fs::remove_file(ledger).or_else(ignore_missing)
+            })
+            .await
+            .map_err(|e| disk(std::io::Error::other(e)))?
+            .map_err(disk)?;
             p.set(State::Present);
             return Ok(());
         }
         // Wrong bytes are never kept: start over, and give up after the last attempt.
-        let _ = std::fs::remove_file(&partial);
+        remove(&partial, &ledger_path);
         if attempt >= policy.hash_attempts {
             return Err(FetchError::Mismatch {
                 path: f.path.clone(),
@@ -219,15 +299,378 @@ pub async fn fetch(
     }
 }
 
+fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Ok(())
+    } else {
+        Err(e)
+    }
+}
+
+fn remove(partial: &Path, ledger: &Path) {
+    let _ = std::fs::remove_file(partial);
+    let _ = std::fs::remove_file(ledger);
+}
+
+/// The ledger beside a partial file.
+fn ledger_path(partial: &Path) -> PathBuf {
+    partial.with_extension("segments")
+}
+
 enum Step {
     Retry(String),
+    /// The registry answered a Range request with the whole file.
+    NoRanges,
     Fatal(FetchError),
 }
 
-/// The hash of what a partial file already holds, and its length (reading it once).
-fn resume_from(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256, u64)> {
+/// Ledger layout: magic, segment size, then one little-endian u64 per segment: its bytes done.
+const LEDGER_MAGIC: &[u8; 8] = b"MSLEDGR1";
+/// A segment's progress reaches the ledger at least every this many bytes.
+const LEDGER_EVERY: u64 = 1 << 20;
+
+/// One download in progress: the partial file, its ledger, and each segment's bytes done.
+struct Job {
+    /// The directory of the partial file.
+    dir: PathBuf,
+    file: File,
+    ledger: File,
+    segment: u64,
+    size: u64,
+    done: Vec<AtomicU64>,
+    /// Bytes of each segment as last written to the ledger.
+    recorded: Vec<AtomicU64>,
+    next: AtomicUsize,
+    stop: AtomicBool,
+    wake: Notify,
+}
+
+impl Job {
+    /// Opens the partial file and its ledger, or starts both afresh when they do not match.
+    fn open(partial: &Path, ledger: &Path, size: u64, segment: u64) -> std::io::Result<Job> {
+        let count = size.div_ceil(segment) as usize;
+        let expected_len = 16 + 8 * count as u64;
+        let resumed = (|| {
+            let l = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(ledger)
+                .ok()?;
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(partial)
+                .ok()?;
+            if l.metadata().ok()?.len() != expected_len || f.metadata().ok()?.len() != size {
+                return None;
+            }
+            let mut buf = vec![0u8; expected_len as usize];
+            l.read_exact_at(&mut buf, 0).ok()?;
+            if &buf[..8] != LEDGER_MAGIC || buf[8..16] != segment.to_le_bytes() {
+                return None;
+            }
+            let done = buf[16..]
+                .chunks_exact(8)
+                .enumerate()
+                .map(|(i, b)| {
+                    let d = u64::from_le_bytes(b.try_into().unwrap_or_default());
+                    d.min(seg_len(i, segment, size))
+                })
+                .collect::<Vec<_>>();
+            Some((f, l, done))
+        })();
+        let (file, ledger, done) = match resumed {
+            Some(r) => r,
+            None => {
+                let f = File::create(partial)?;
+                f.set_len(size)?;
+                let l = File::create(ledger)?;
+                let mut head = LEDGER_MAGIC.to_vec();
+                head.extend_from_slice(&segment.to_le_bytes());
+                head.resize(expected_len as usize, 0);
+                l.write_all_at(&head, 0)?;
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(partial)?;
+                (f, l, vec![0; count])
+            }
+        };
+        Ok(Job {
+            dir: partial.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            file,
+            ledger,
+            segment,
+            size,
+            recorded: done.iter().map(|d| AtomicU64::new(*d)).collect(),
+            done: done.into_iter().map(AtomicU64::new).collect(),
+            next: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            wake: Notify::new(),
+        })
+    }
+
+    fn range(&self, i: usize) -> std::ops::Range<u64> {
+        let start = i as u64 * self.segment;
+        start..start + seg_len(i, self.segment, self.size)
+    }
+
+    fn done_total(&self) -> u64 {
+        self.done.iter().map(|d| d.load(Ordering::Relaxed)).sum()
+    }
+
+    /// The next segment nobody works on that still misses bytes, in file order.
+    fn claim(&self) -> Option<usize> {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.done.len() {
+                return None;
+            }
+            let r = self.range(i);
+            if self.done[i].load(Ordering::Relaxed) < r.end - r.start {
+                return Some(i);
+            }
+        }
+    }
+
+    /// Bytes from the start of the file that are all in place.
+    fn contiguous(&self) -> u64 {
+        let mut end = 0;
+        for (i, d) in self.done.iter().enumerate() {
+            let d = d.load(Ordering::Acquire);
+            end = self.range(i).start + d;
+            if d < seg_len(i, self.segment, self.size) {
+                break;
+            }
+        }
+        end
+    }
+
+    /// Writes segment `i`'s progress to the ledger (the bytes themselves are written first).
+    fn record(&self, i: usize) {
+        let d = self.done[i].load(Ordering::Relaxed);
+        if self
+            .ledger
+            .write_all_at(&d.to_le_bytes(), 16 + 8 * i as u64)
+            .is_ok()
+        {
+            self.recorded[i].store(d, Ordering::Relaxed);
+        }
+    }
+
+    fn flush(&self) {
+        for i in 0..self.done.len() {
+            if self.recorded[i].load(Ordering::Relaxed) != self.done[i].load(Ordering::Relaxed) {
+                self.record(i);
+            }
+        }
+    }
+}
+
+fn seg_len(i: usize, segment: u64, size: u64) -> u64 {
+    let start = i as u64 * segment;
+    segment.min(size.saturating_sub(start))
+}
+
+/// One connection: takes segments in file order until none is left.
+async fn worker(
+    hub: &Hub,
+    f: &FileRef,
+    job: &Job,
+    p: &Progress,
+    policy: Policy,
+    metrics: &Metrics,
+) -> Result<(), Step> {
+    let fail = |e: Step| {
+        job.stop.store(true, Ordering::Release);
+        e
+    };
+    while let Some(i) = job.claim() {
+        let mut stalls = 0;
+        loop {
+            if job.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let r = job.range(i);
+            let before = job.done[i].load(Ordering::Relaxed);
+            if before >= r.end - r.start {
+                break;
+            }
+            match segment(hub, f, job, p, i, metrics).await {
+                Ok(()) => {}
+                Err(Step::Retry(cause)) => {
+                    let now = job.done[i].load(Ordering::Relaxed);
+                    stalls = if now > before { 0 } else { stalls + 1 };
+                    if stalls >= policy.stalls {
+                        return Err(fail(Step::Fatal(FetchError::Stalled {
+                            path: f.path.clone(),
+                            cause,
+                            stalls,
+                        })));
+                    }
+                    tracing::info!(path = %f.path, at = r.start + now, %cause, "download interrupted; resuming");
+                    tokio::time::sleep(policy.backoff * stalls.max(1)).await;
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Streams what segment `i` still misses into place.
+async fn segment(
+    hub: &Hub,
+    f: &FileRef,
+    job: &Job,
+    p: &Progress,
+    i: usize,
+    metrics: &Metrics,
+) -> Result<(), Step> {
+    let r = job.range(i);
+    let from = r.start + job.done[i].load(Ordering::Relaxed);
+    let resp = hub
+        .download(&f.repo, &f.commit, &f.path, from..r.end)
+        .await
+        .map_err(|e| {
+            if e.is_transient() {
+                Step::Retry(e.to_string())
+            } else {
+                Step::Fatal(FetchError::Registry(e, f.path.clone()))
+            }
+        })?;
+    let whole = r.start == 0 && r.end == f.size;
+    match resp.status() {
+        StatusCode::PARTIAL_CONTENT => {
+            if let Some((start, total)) = content_range(resp.headers()) {
+                if total.is_some_and(|t| t != f.size) {
+                    return Err(Step::Fatal(FetchError::SizeDisagrees {
+                        path: f.path.clone(),
+                        published: f.size,
+                        served: total.unwrap_or_default(),
+                    }));
+                }
+                if start != from {
+                    return Err(Step::Retry(format!(
+                        "asked for bytes from {from}, the registry sent from {start}"
+                    )));
+                }
+            }
+        }
+        // The whole file: fine for a download from byte 0 of the whole file, else Range is ignored.
+        StatusCode::OK if whole && from == 0 => {
+            if let Some(len) = resp.content_length()
+                && len != f.size
+            {
+                return Err(Step::Fatal(FetchError::SizeDisagrees {
+                    path: f.path.clone(),
+                    published: f.size,
+                    served: len,
+                }));
+            }
+        }
+        StatusCode::OK => return Err(Step::NoRanges),
+        s => return Err(Step::Retry(format!("unexpected HTTP {}", s.as_u16()))),
+    }
+    let disk = |source: std::io::Error| {
+        if source.kind() == std::io::ErrorKind::StorageFull {
+            let free = super::store::free_space(&job.dir).unwrap_or(0);
+            Step::Fatal(FetchError::NoSpace {
+                path: f.path.clone(),
+                needed: human_bytes(f.size - job.done_total()),
+                free: human_bytes(free),
+            })
+        } else {
+            Step::Fatal(FetchError::Disk {
+                path: f.path.clone(),
+                source,
+            })
+        }
+    };
+    let mut at = from;
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        if job.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let chunk =
+            chunk.map_err(|e| Step::Retry(format!("the connection broke at byte {at}: {e}")))?;
+        if at + chunk.len() as u64 > r.end {
+            return Err(Step::Fatal(FetchError::TooLong {
+                path: f.path.clone(),
+                size: f.size,
+            }));
+        }
+        job.file.write_all_at(&chunk, at).map_err(disk)?;
+        at += chunk.len() as u64;
+        job.done[i].store(at - r.start, Ordering::Release);
+        if at - r.start - job.recorded[i].load(Ordering::Relaxed) >= LEDGER_EVERY {
+            job.record(i);
+        }
+        p.bytes_done
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        p.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        metrics.bytes.inc_by(chunk.len() as u64);
+        job.wake.notify_one();
+    }
+    job.record(i);
+    if at < r.end {
+        return Err(Step::Retry(format!(
+            "the body ended at byte {at} of {}",
+            f.size
+        )));
+    }
+    Ok(())
+}
+
+/// `Content-Range: bytes START-END/TOTAL`: START and TOTAL (None for `*`).
+fn content_range(h: &reqwest::header::HeaderMap) -> Option<(u64, Option<u64>)> {
+    let v = h.get(reqwest::header::CONTENT_RANGE)?.to_str().ok()?;
+    let (range, total) = v.strip_prefix("bytes ")?.split_once('/')?;
+    let start = range.split_once('-')?.0.trim().parse().ok()?;
+    Some((start, total.trim().parse().ok()))
+}
+
+/// Hashes the file as it becomes contiguous; None when the download stopped before the end.
+async fn hash(job: Arc<Job>, size: u64) -> std::io::Result<Option<[u8; 32]>> {
+    const CHUNK: u64 = 8 << 20;
+    let mut hasher = Some(Sha256::new());
+    let mut hashed = 0u64;
+    loop {
+        let ready = job.contiguous();
+        if ready > hashed {
+            // Just-written bytes come back from the page cache, off the async threads.
+            let (j, mut h) = (job.clone(), hasher.take().unwrap_or_default());
+            let len = (ready - hashed).min(CHUNK);
+            let at = hashed;
+            let h = tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len as usize];
+                j.file.read_exact_at(&mut buf, at)?;
+                h.update(&buf);
+                Ok::<_, std::io::Error>(h)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            hasher = Some(h);
+            hashed += len;
+            continue;
+        }
+        if hashed == size {
+            return Ok(hasher.map(|h| h.finalize().into()));
+        }
+        if job.stop.load(Ordering::Acquire) && job.contiguous() == hashed {
+            return Ok(None);
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(50), job.wake.notified()).await;
+    }
+}
+
+/// The hash of what a partial file already holds, and its length (reading it once); a file
+/// longer than `size` is removed and counts as nothing.
+pub fn resume_from(partial: &Path, size: u64) -> std::io::Result<(Sha256, u64)> {
+    use std::io::Read;
     let mut hasher = Sha256::new();
-    let mut file = match std::fs::File::open(partial) {
+    let mut file = match File::open(partial) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((hasher, 0)),
         Err(e) => return Err(e),
@@ -248,71 +691,4 @@ fn resume_from(partial: &std::path::Path, size: u64) -> std::io::Result<(Sha256,
         have += n as u64;
     }
     Ok((hasher, have))
-}
-
-async fn stream_into(
-    hub: &Hub,
-    f: &FileRef,
-    partial: &std::path::Path,
-    hasher: &mut Sha256,
-    have: &mut u64,
-    p: &Progress,
-) -> Result<(), Step> {
-    let resp = hub
-        .download(&f.repo, &f.commit, &f.path, *have)
-        .await
-        .map_err(|e| {
-            if e.is_transient() {
-                Step::Retry(e.to_string())
-            } else {
-                Step::Fatal(FetchError::Registry(e, f.path.clone()))
-            }
-        })?;
-    let disk = |source| {
-        Step::Fatal(FetchError::Disk {
-            path: f.path.clone(),
-            source,
-        })
-    };
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(partial)
-        .map_err(disk)?;
-    if resp.status() == StatusCode::OK && *have > 0 {
-        // The server ignored the Range: what comes is the whole file, so start over.
-        out.set_len(0).map_err(disk)?;
-        *hasher = Sha256::new();
-        *have = 0;
-    } else if resp.status() != StatusCode::PARTIAL_CONTENT && resp.status() != StatusCode::OK {
-        return Err(Step::Retry(format!(
-            "unexpected HTTP {}",
-            resp.status().as_u16()
-        )));
-    }
-    let mut body = resp.bytes_stream();
-    while let Some(chunk) = body.next().await {
-        let chunk =
-            chunk.map_err(|e| Step::Retry(format!("the connection broke at byte {have}: {e}")))?;
-        if *have + chunk.len() as u64 > f.size {
-            drop(out);
-            let _ = std::fs::remove_file(partial);
-            return Err(Step::Fatal(FetchError::TooLong {
-                path: f.path.clone(),
-                size: f.size,
-            }));
-        }
-        out.write_all(&chunk).map_err(disk)?;
-        hasher.update(&chunk);
-        *have += chunk.len() as u64;
-        p.bytes_done.store(*have, Ordering::Relaxed);
-        p.fetched.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-    }
-    if *have < f.size {
-        return Err(Step::Retry(format!(
-            "the body ended at byte {have} of {}",
-            f.size
-        )));
-    }
-    Ok(())
 }

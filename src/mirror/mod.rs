@@ -4,6 +4,7 @@
 //! and content already present is never fetched again.
 
 pub mod fetch;
+pub mod metrics;
 pub mod store;
 
 use std::collections::HashMap;
@@ -37,6 +38,20 @@ pub struct Config {
     /// Registry speaking the Hugging Face Hub API; the only place files are fetched from.
     #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
     pub registry_endpoint: String,
+    /// Range connections per file; files smaller than two segments use one.
+    #[arg(long, env = "MODELSERVE_MIRROR_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub connections: u16,
+    /// Bytes one connection asks for at a time (at least 1Mi), e.g. 64Mi.
+    #[arg(long, env = "MODELSERVE_MIRROR_SEGMENT", default_value = "64Mi", value_parser = parse_segment)]
+    pub segment_size: u64,
+}
+
+fn parse_segment(s: &str) -> Result<u64, String> {
+    match crate::units::parse_quantity(s) {
+        Some(b) if b >= 1 << 20 => Ok(b),
+        Some(_) => Err(format!("{s} is below the smallest segment, 1Mi")),
+        None => Err(format!("{s} is not a size such as 64Mi or 1Gi")),
+    }
 }
 
 /// A fetch or status request.
@@ -77,6 +92,7 @@ pub struct Mirror {
     endpoint: String,
     policy: Policy,
     jobs: Mutex<Jobs>,
+    pub metrics: metrics::Metrics,
 }
 
 #[derive(Default)]
@@ -99,6 +115,7 @@ impl Mirror {
             endpoint: endpoint.into(),
             policy,
             jobs: Mutex::default(),
+            metrics: Default::default(),
         }))
     }
 
@@ -145,13 +162,25 @@ impl Mirror {
                 read_timeout: mirror.policy.read_timeout,
                 ..Default::default()
             };
+            mirror.metrics.active.inc();
             let result = match Hub::new(&mirror.endpoint, token).and_then(|h| h.with_retry(retry)) {
-                Ok(hub) => fetch::fetch(&hub, &mirror.store, &job, mirror.policy).await,
+                Ok(hub) => {
+                    fetch::fetch(&hub, &mirror.store, &job, mirror.policy, &mirror.metrics).await
+                }
                 Err(e) => Err(fetch::FetchError::Registry(e, job.file.path.clone())),
             };
-            if let Err(e) = result {
-                tracing::warn!(path = %job.file.path, error = %e, "mirroring failed");
-                job.fail(e.to_string());
+            mirror.metrics.active.dec();
+            match result {
+                Ok(()) if job.fetched.load(Ordering::Relaxed) > 0 => {
+                    tracing::info!(path = %job.file.path, bytes = job.file.size, "mirrored and verified");
+                    mirror.metrics.file("downloaded");
+                }
+                Ok(()) => mirror.metrics.file("reused"),
+                Err(e) => {
+                    tracing::warn!(path = %job.file.path, error = %e, "mirroring failed");
+                    mirror.metrics.failure(e.kind());
+                    job.fail(e.to_string());
+                }
             }
         });
         p
@@ -221,6 +250,18 @@ fn status(progress: &[Arc<Progress>]) -> Status {
 pub fn router(mirror: Arc<Mirror>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(|AxState(m): AxState<Arc<Mirror>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    m.metrics.encode(),
+                )
+            }),
+        )
         .route("/v1/fetch", post(fetch_files))
         .route("/v1/files/{owner}/{name}/{commit}/{*path}", get(serve_file))
         .with_state(mirror)
@@ -308,7 +349,12 @@ async fn serve_file(
 pub async fn run(config: Config) -> Result<(), String> {
     let store = Store::open(&config.dir)
         .map_err(|e| format!("cannot open the store at {}: {e}", config.dir.display()))?;
-    let mirror = Mirror::new(store, &config.registry_endpoint, Policy::default())
+    let policy = Policy {
+        connections: config.connections.into(),
+        segment: config.segment_size,
+        ..Policy::default()
+    };
+    let mirror = Mirror::new(store, &config.registry_endpoint, policy)
         .map_err(|e| format!("--registry-endpoint: {e}"))?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await

@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod check;
 pub mod mirror;
+pub mod place;
 pub mod resolve;
 
 use std::time::Duration;

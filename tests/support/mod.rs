@@ -3,6 +3,7 @@
 
 pub mod fake_hub;
 pub mod models;
+pub mod pod_runner;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -221,6 +222,7 @@ pub async fn start_mirror(registry: &str) -> (String, tempfile::TempDir) {
         backoff: Duration::from_millis(50),
         retry_failed_after: Duration::from_secs(60),
         read_timeout: Duration::from_millis(500),
+        ..Policy::default()
     };
     let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
