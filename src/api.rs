@@ -396,6 +396,12 @@ pub struct SmokeStatus {
     /// When the smoke test ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at: Option<Time>,
+    /// The pod that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// That pod's UID: a replaced pod is tested again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 impl ModelServeSpec {

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub reconcile_seconds: Histogram,
     pub transitions: Family<StageLabel, Counter>,
     pub models_by_stage: Family<StageLabel, Gauge>,
+    pub smoke_speed: Histogram,
     /// The last stage of each model (namespace/name), for models_by_stage.
     stages: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
@@ -71,6 +72,7 @@ impl Default for Metrics {
         let reconcile_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let transitions = Family::<StageLabel, Counter>::default();
         let models_by_stage = Family::<StageLabel, Gauge>::default();
+        let smoke_speed = Histogram::new(exponential_buckets(0.5, 2.0, 12));
         registry.register(
             "reconciles",
             "Reconciles by result (ok, error)",
@@ -96,6 +98,11 @@ impl Default for Metrics {
             "ModelServes by current stage, as last reconciled",
             models_by_stage.clone(),
         );
+        registry.register(
+            "smoke_tokens_per_second",
+            "Generation speed the smoke tests measured",
+            smoke_speed.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -103,12 +110,20 @@ impl Default for Metrics {
             reconcile_seconds,
             transitions,
             models_by_stage,
+            smoke_speed,
             stages: Default::default(),
         }
     }
 }
 
 impl Metrics {
+    /// Records the speed one smoke test measured, when it measured one.
+    pub fn smoke_tokens_per_second(&self, speed: Option<f64>) {
+        if let Some(s) = speed {
+            self.smoke_speed.observe(s);
+        }
+    }
+
     /// Records the stage of one model and recounts the models per stage.
     pub fn model_stage(&self, model: &str, stage: &str) {
         let mut stages = self.stages.lock().unwrap_or_else(|e| e.into_inner());

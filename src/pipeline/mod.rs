@@ -6,6 +6,7 @@ pub mod check;
 pub mod mirror;
 pub mod place;
 pub mod resolve;
+pub mod smoke;
 
 use std::time::Duration;
 
@@ -158,7 +159,8 @@ async fn run_stage(
             None => not_resolved(),
         },
         Stage::Catalog => catalog::run(ctx, ms, status).await,
-        Stage::Place | Stage::SmokeTest => Outcome::NotImplemented,
+        Stage::Place => Outcome::NotImplemented,
+        Stage::SmokeTest => smoke::run(ctx, ms, status).await,
     })
 }
 
