@@ -1,0 +1,199 @@
+//! The Place stage on the test bed: the real scheduler decides where a replica goes, and kwok's
+//! stages (the default pod-ready one and testbed/kwok/pod-faults.yaml) play the kubelet.
+//! The tests run the stage's own observe + decide on a Deployment shaped like the Catalog
+//! stage's.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::PostParams;
+use modelserve::pipeline::Outcome;
+use modelserve::pipeline::place::{Decision, Limits, decide, observe};
+use support::{Testbed, eventually};
+
+const LIMITS: Limits = Limits {
+    grace: Duration::from_secs(2),
+    timeout: Duration::from_secs(600),
+    restarts: 3,
+};
+
+/// Fails, saying how to fix it, when the test bed's kwok was started without the fault stages.
+fn require_fault_stages(tb: &Testbed) {
+    let stages = tb.kubeconfig.with_file_name("stages.yaml");
+    let loaded = std::fs::read_to_string(&stages).unwrap_or_default();
+    assert!(
+        loaded.contains("name: modelserve-fault-crashloop"),
+        "the test bed's kwok runs without testbed/kwok/pod-faults.yaml ({} has no such stage): it was started before that file existed; restart it with `scripts/testbed down && scripts/testbed up`",
+        stages.display()
+    );
+}
+
+/// A Deployment shaped like the Catalog stage's: the contract's labels, an init container
+/// `pull`, the server container with port `http` and memory request = limit.
+fn deployment(name: &str, memory: &str) -> Deployment {
+    let labels = serde_json::json!({
+        "app.kubernetes.io/name": "llama-server",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "model-server",
+        "app.kubernetes.io/managed-by": "modelserve",
+        "modelserve.dev/model": name,
+    });
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"modelserve.dev/model": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "initContainers": [{"name": "pull", "image": "modelserve:test",
+                                        "command": ["modelserve", "pull"]}],
+                    "containers": [{
+                        "name": "llama-server", "image": "llama.cpp:server-test",
+                        "ports": [{"name": "http", "containerPort": 8080}],
+                        "resources": {"requests": {"memory": memory}, "limits": {"memory": memory}}
+                    }]
+                }
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn reason(o: &Outcome) -> &str {
+    match o {
+        Outcome::Done { reason, .. }
+        | Outcome::Waiting { reason, .. }
+        | Outcome::Failed { reason, .. } => reason,
+        Outcome::NotImplemented => "NotImplemented",
+    }
+}
+
+fn message(o: &Outcome) -> &str {
+    match o {
+        Outcome::Done { message, .. }
+        | Outcome::Waiting { message, .. }
+        | Outcome::Failed { message, .. } => message,
+        Outcome::NotImplemented => "",
+    }
+}
+
+/// Creates the Deployment in a fresh namespace named `prefix-...` and runs the stage's decision
+/// until it gives `want` (and `also` holds), or fails with the last decision.
+async fn place(
+    prefix: &str,
+    memory: &str,
+    want: &str,
+    also: impl Fn(&Decision) -> bool,
+) -> Decision {
+    let tb = Testbed::get();
+    let ns = tb.namespace(prefix);
+    let client = tb.client().await;
+    Api::<Deployment>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &deployment("m", memory))
+        .await
+        .unwrap();
+    let mut last = None;
+    let found = eventually(Duration::from_secs(30), async || {
+        let observed = observe(&client, &ns.name, "m").await.ok()?;
+        let d = decide("m", &ns.name, &observed, Timestamp::now(), &LIMITS, None);
+        let hit = reason(&d.outcome) == want && also(&d);
+        last = Some(d.clone());
+        hit.then_some(d)
+    })
+    .await;
+    match found {
+        Some(d) => d,
+        None => panic!(
+            "Place did not give {want} in namespace {}; last: {last:#?}",
+            ns.name
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_ready_replica_is_placed_with_its_pod_node_and_loopback_address() {
+    let d = place("place-ok", "1Gi", "Placed", |d| d.ready_replicas == 1).await;
+    let p = d.placement.clone().expect("placement");
+    assert!(p.pod.starts_with("m-"), "{p:?}");
+    assert!(
+        matches!(p.node.as_deref(), Some("kwok-small" | "kwok-large")),
+        "{p:?}"
+    );
+    assert!(p.uid.is_some());
+    let addr: SocketAddr = p.address.parse().expect("IP:port");
+    assert_eq!(addr.port(), 8080, "the port named http");
+    assert!(
+        addr.ip().is_loopback() && addr.ip().to_string() != "127.0.0.1",
+        "kwok hands out pod IPs from the test bed's loopback range: {addr}"
+    );
+    assert_eq!((d.replicas, d.ready_replicas), (1, 1));
+    let m = message(&d.outcome);
+    assert!(
+        m.starts_with(&format!(
+            "{} is ready on {} at {}",
+            p.pod,
+            p.node.unwrap(),
+            p.address
+        )) && m.contains("(1/1 replicas ready); clients use http://m.place-ok-"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_replica_bigger_than_every_node_is_unschedulable_in_the_schedulers_words() {
+    let d = place("place-big", "100Gi", "Unschedulable", |_| true).await;
+    let m = message(&d.outcome);
+    assert!(
+        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient memory"),
+        "{m}"
+    );
+    assert!(m.ends_with("(a replica requests 100Gi of memory)"), "{m}");
+    assert!(
+        matches!(d.outcome, Outcome::Failed { retry: Some(_), .. }),
+        "a node may be added: retried, not permanent"
+    );
+    assert_eq!(d.placement, None);
+}
+
+#[tokio::test]
+async fn a_crash_looping_server_fails_with_its_last_exit() {
+    require_fault_stages(&Testbed::get());
+    let d = place("fault-crashloop", "1Gi", "CrashLoop", |_| true).await;
+    let m = message(&d.outcome);
+    assert!(
+        m.contains("container llama-server of m-")
+            && m.contains("keeps crashing: restarted")
+            && m.contains("now in CrashLoopBackOff; last exit code 1 (Error): error loading model"),
+        "{m}"
+    );
+    assert_eq!(d.ready_replicas, 0);
+}
+
+#[tokio::test]
+async fn an_oom_killed_server_fails_naming_its_memory_limit() {
+    require_fault_stages(&Testbed::get());
+    let d = place("fault-oomkill", "2Gi", "OOMKilled", |_| true).await;
+    let m = message(&d.outcome);
+    assert!(
+        m.contains("container llama-server of m-")
+            && m.contains("was OOMKilled (exit code 137) at its memory limit of 2Gi"),
+        "{m}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_pull_init_container_is_a_crash_loop_naming_it() {
+    require_fault_stages(&Testbed::get());
+    let d = place("fault-initcrash", "1Gi", "CrashLoop", |_| true).await;
+    let m = message(&d.outcome);
+    assert!(
+        m.contains("init container pull of m-") && m.contains("last exit code 1 (Error)"),
+        "{m}"
+    );
+}
