@@ -586,6 +586,21 @@ pub fn decide(
             ready_replicas,
         };
     }
+    // Until the Deployment controller has seen the latest spec, its newest ReplicaSet may still
+    // be the previous one, whose ready pods would pass for the new spec's.
+    if let Some(d) = &observed.deployment
+        && d.metadata.generation > ds.and_then(|s| s.observed_generation)
+    {
+        return Decision {
+            outcome: waiting(format!(
+                "the Deployment {name} is rolling out its new spec (generation {})",
+                d.metadata.generation.unwrap_or_default()
+            )),
+            placement: None,
+            replicas,
+            ready_replicas,
+        };
+    }
     let (pods, since) = current_pods(observed);
     let keep = previous.and_then(|p| p.uid.as_deref());
     let failed = |reason: &str, message: String, retry: Duration| Outcome::Failed {
@@ -1139,6 +1154,40 @@ mod tests {
             }
         );
         assert_eq!(d.placement.unwrap().address, "127.1.0.4:8080");
+    }
+
+    #[test]
+    fn a_spec_the_deployment_controller_has_not_seen_yet_is_not_placed_by_the_old_pods() {
+        let mut ready = fixture(READY);
+        ready.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        let mut d = deployment();
+        d.metadata.generation = Some(3);
+        d.status.as_mut().unwrap().observed_generation = Some(2);
+        let mut observed = Observed {
+            deployment: Some(d),
+            replica_sets: vec![replica_set("rs1", "1")],
+            pods: vec![ready],
+        };
+        let now = ts("2026-11-29T20:10:00Z");
+        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert_eq!(
+            d.outcome,
+            Outcome::Waiting {
+                reason: "Placing".into(),
+                message: "the Deployment m is rolling out its new spec (generation 3)".into(),
+                after: POLL
+            }
+        );
+        let status = observed
+            .deployment
+            .as_mut()
+            .unwrap()
+            .status
+            .as_mut()
+            .unwrap();
+        status.observed_generation = Some(3);
+        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
     }
 
     #[test]
