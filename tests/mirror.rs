@@ -333,3 +333,122 @@ async fn a_registry_that_stalls_or_redirects_in_a_loop_gets_a_bounded_specific_f
             .exists()
     );
 }
+
+/// A mirror that splits files into 512 KiB segments over four connections.
+async fn segmented(hub: &FakeHub) -> Running {
+    let policy = modelserve::mirror::fetch::Policy {
+        connections: 4,
+        segment: 512 << 10,
+        ..support::test_policy()
+    };
+    let (url, dir) = support::start_mirror_with(&hub.url, policy).await;
+    Running { url, dir }
+}
+
+fn snapshot_bytes(m: &Running, repo_dir: &str, commit: &str, path: &str) -> Vec<u8> {
+    std::fs::read(
+        m.dir
+            .path()
+            .join(format!("{repo_dir}/snapshots/{commit}/{path}")),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_large_file_comes_over_several_range_connections_at_once() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("big-Q8_0.gguf", bytes(4 << 20, 9));
+    let commit = hub.add_repo("acme/Par-GGUF", vec![f.clone()]);
+    // Slow connections, so the segments overlap in time.
+    hub.throttle(4 << 20);
+    let m = segmented(&hub).await;
+    let want = refs("acme/Par-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "present", "{s:?}");
+    assert_eq!(
+        snapshot_bytes(&m, "models--acme--Par-GGUF", &commit, &f.path),
+        **f.content.as_ref().unwrap()
+    );
+    let mut ranges: Vec<String> = hub.cdn_log().into_iter().filter_map(|(_, r)| r).collect();
+    ranges.sort_by_key(|r| r[6..].split('-').next().unwrap().parse::<u64>().unwrap());
+    let expected: Vec<String> = (0..8u64)
+        .map(|i| format!("bytes={}-{}", i * (512 << 10), (i + 1) * (512 << 10) - 1))
+        .collect();
+    assert_eq!(ranges, expected, "each segment asked for exactly once");
+    assert_eq!(
+        hub.max_concurrent_downloads(),
+        4,
+        "four connections at once"
+    );
+    assert_eq!(hub.cdn_bytes_sent(), f.size, "no byte sent twice");
+}
+
+#[tokio::test]
+async fn a_registry_that_ignores_range_gets_one_connection_and_the_file_is_still_right() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("norange-Q8_0.gguf", bytes(3 << 20, 5));
+    let commit = hub.add_repo("acme/NoRange-GGUF", vec![f.clone()]);
+    hub.ignore_ranges();
+    let m = segmented(&hub).await;
+    let want = refs("acme/NoRange-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "present", "{s:?}");
+    assert_eq!(
+        snapshot_bytes(&m, "models--acme--NoRange-GGUF", &commit, &f.path),
+        **f.content.as_ref().unwrap()
+    );
+    let last = hub.cdn_log().last().cloned().unwrap();
+    assert_eq!(
+        last.1.as_deref(),
+        Some(format!("bytes=0-{}", f.size - 1).as_str()),
+        "after the 200s, one request for the whole file"
+    );
+}
+
+#[tokio::test]
+async fn a_registry_whose_download_disagrees_with_the_published_size_fails_with_both_sizes() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("liar-Q8_0.gguf", bytes(2 << 20, 6));
+    let commit = hub.add_repo("acme/Liar-GGUF", vec![f.clone()]);
+    hub.lie_about_size(5 << 20);
+    let m = segmented(&hub).await;
+    let want = refs("acme/Liar-GGUF", &commit, std::slice::from_ref(&f));
+    let s = settled(&m.url, &want).await;
+    assert_eq!(s.files[0].state, "failed", "{s:?}");
+    let err = s.files[0].error.clone().unwrap();
+    assert!(
+        err.contains("published 2097152 bytes but its download says 5242880"),
+        "{err}"
+    );
+    let served = reqwest::get(format!(
+        "{}/v1/files/acme/Liar-GGUF/{commit}/{}",
+        m.url, f.path
+    ))
+    .await
+    .unwrap();
+    assert_eq!(served.status(), 404, "nothing half-written is served");
+}
+
+#[tokio::test]
+async fn the_mirror_exposes_prometheus_metrics() {
+    let hub = FakeHub::start().await;
+    let f = HubFile::with_bytes("metrics-Q8_0.gguf", bytes(1 << 20, 7));
+    let commit = hub.add_repo("acme/Metrics-GGUF", vec![f.clone()]);
+    let m = mirror(&hub).await;
+    let want = refs("acme/Metrics-GGUF", &commit, std::slice::from_ref(&f));
+    settled(&m.url, &want).await;
+    let text = reqwest::get(format!("{}/metrics", m.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "modelserve_mirror_downloaded_bytes_total 1048576",
+        "modelserve_mirror_files_total{outcome=\"downloaded\"} 1",
+        "modelserve_mirror_downloads_active 0",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    assert!(text.contains("modelserve_mirror_throughput_bytes_per_second"));
+}

@@ -119,3 +119,94 @@ async fn a_mirror_killed_at_half_of_a_1_gib_file_resumes_after_restart() {
     ));
     assert_eq!(std::fs::metadata(snap).unwrap().len(), f.size);
 }
+
+/// Runs the mirror on a tmpfs of `mib` MiB of its own (a user and mount namespace: no root
+/// needed), so its volume really fills up.
+fn start_mirror_on_small_volume(
+    dir: &std::path::Path,
+    mib: u64,
+    port: u16,
+    registry: &str,
+) -> Child {
+    let script = format!(
+        "mount -t tmpfs -o size={mib}m tmpfs '{dir}' && exec '{bin}' mirror --dir '{dir}' --addr 127.0.0.1:{port} --registry-endpoint '{registry}'",
+        dir = dir.display(),
+        bin = modelserve_bin(),
+    );
+    Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the mirror under unshare (util-linux)")
+}
+
+#[tokio::test]
+async fn a_volume_that_fills_up_during_downloads_fails_clearly_and_serves_nothing_half_written() {
+    let hub = FakeHub::start().await;
+    // Each file fits in the free space on its own, so both start; together they do not fit.
+    let files: Vec<HubFile> = (0..2u8)
+        .map(|n| {
+            let content = (0..30usize << 20)
+                .map(|i| (i as u8).wrapping_mul(7).wrapping_add(n))
+                .collect();
+            HubFile::with_bytes(&format!("part{n}-Q8_0.gguf"), content)
+        })
+        .collect();
+    let commit = hub.add_repo("acme/Full-GGUF", files.clone());
+    hub.throttle(8 << 20);
+    let refs: Vec<FileRef> = files
+        .iter()
+        .map(|f| FileRef {
+            repo: "acme/Full-GGUF".into(),
+            commit: commit.clone(),
+            path: f.path.clone(),
+            sha256: f.sha256.clone(),
+            size: f.size,
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut mirror = start_mirror_on_small_volume(dir.path(), 40, port, &hub.url);
+    let s = eventually(Duration::from_secs(60), async || {
+        let s = ask(port, &refs).await?;
+        s.files
+            .iter()
+            .all(|f| f.state == "present" || f.state == "failed")
+            .then_some(s)
+    })
+    .await
+    .expect("the mirror settles");
+    let failed: Vec<_> = s.files.iter().filter(|f| f.state == "failed").collect();
+    assert!(!failed.is_empty(), "60 MiB cannot fit in 40 MiB: {s:?}");
+    for f in &failed {
+        let err = f.error.as_deref().unwrap_or_default();
+        assert!(
+            err.contains(&format!("{} needs", f.path)) && err.contains("on the mirror's volume"),
+            "{err}"
+        );
+    }
+    // Whatever is served is whole and right; what failed is not served at all.
+    for (r, f) in refs.iter().zip(&files) {
+        let resp = reqwest::get(format!(
+            "http://127.0.0.1:{port}/v1/files/acme/Full-GGUF/{commit}/{}",
+            r.path
+        ))
+        .await
+        .unwrap();
+        let present = s
+            .files
+            .iter()
+            .any(|x| x.path == r.path && x.state == "present");
+        if present {
+            assert_eq!(
+                resp.bytes().await.unwrap().to_vec(),
+                **f.content.as_ref().unwrap()
+            );
+        } else {
+            assert_eq!(resp.status(), 404, "{} half-written but served", r.path);
+        }
+    }
+    mirror.kill().unwrap();
+    let _ = mirror.wait();
+}

@@ -14,6 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -101,6 +102,12 @@ struct Inner {
     cuts: Vec<(String, u64, usize)>,
     /// Bytes per second each CDN connection may send (None: as fast as it can).
     rate: Option<u64>,
+    /// The CDN answers every request with the whole file, as a server without Range support.
+    ignore_ranges: bool,
+    /// The CDN's Content-Range names this total instead of the real size.
+    lie_total: Option<u64>,
+    /// Most CDN bodies being sent at the same time, and how many are now.
+    concurrent: (usize, usize),
     /// Bytes the throttled CDN has handed to its connections.
     sent: Arc<std::sync::atomic::AtomicU64>,
     requests: Vec<String>,
@@ -286,6 +293,21 @@ impl FakeHub {
             .unwrap()
             .sent
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Makes the CDN ignore Range headers and send whole files with 200.
+    pub fn ignore_ranges(&self) {
+        self.inner.lock().unwrap().ignore_ranges = true;
+    }
+
+    /// Makes the CDN's Content-Range announce `total` bytes, whatever the file's size.
+    pub fn lie_about_size(&self, total: u64) {
+        self.inner.lock().unwrap().lie_total = Some(total);
+    }
+
+    /// The most CDN bodies that were being sent at once.
+    pub fn max_concurrent_downloads(&self) -> usize {
+        self.inner.lock().unwrap().concurrent.0
     }
 
     /// Caps every CDN connection at `bytes_per_second`.
@@ -643,11 +665,15 @@ async fn cdn_blob(
     let Some(f) = file else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    let (start, end) = match headers
+    let (ignore_ranges, lie_total) = {
+        let inner = state.lock().unwrap();
+        (inner.ignore_ranges, inner.lie_total)
+    };
+    let range = headers
         .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_range)
-    {
+        .filter(|_| !ignore_ranges)
+        .and_then(|v| v.to_str().ok());
+    let (start, end) = match range.and_then(parse_range) {
         Some((s, e)) if s < f.size => (s, e.unwrap_or(f.size - 1).min(f.size - 1)),
         Some(_) => {
             return Response::builder()
@@ -659,8 +685,11 @@ async fn cdn_blob(
         None => (0, f.size.saturating_sub(1)),
     };
     let len = if f.size == 0 { 0 } else { end - start + 1 };
-    let bytes: Vec<u8> = match &f.content {
-        Some(c) => c[start as usize..(start + len) as usize].to_vec(),
+    // Real content is sent without copying it (benchmarks serve gigabytes from memory).
+    let bytes: Bytes = match &f.content {
+        Some(c) => {
+            Bytes::from_owner(ArcBytes(c.clone())).slice(start as usize..(start + len) as usize)
+        }
         None => {
             let mut bytes = vec![0u8; len.min(64 << 20) as usize];
             if let Some(p) = &f.prefix {
@@ -668,7 +697,7 @@ async fn cdn_blob(
                 let upto = ((start + len) as usize).min(p.len());
                 bytes[..upto - from].copy_from_slice(&p[from..upto]);
             }
-            bytes
+            Bytes::from(bytes)
         }
     };
     let cut = {
@@ -679,7 +708,7 @@ async fn cdn_blob(
             c.1
         })
     };
-    let partial = headers.contains_key(header::RANGE);
+    let partial = range.is_some();
     let mut r = Response::builder()
         .status(if partial {
             StatusCode::PARTIAL_CONTENT
@@ -691,7 +720,7 @@ async fn cdn_blob(
     if partial {
         r = r.header(
             header::CONTENT_RANGE,
-            format!("bytes {start}-{end}/{}", f.size),
+            format!("bytes {start}-{end}/{}", lie_total.unwrap_or(f.size)),
         );
     }
     let (rate, sent) = {
@@ -701,22 +730,30 @@ async fn cdn_blob(
     match cut {
         // Announce the whole length, send part of it, then break the connection.
         Some(after) if (after as usize) < bytes.len() => {
-            let head = bytes[..after as usize].to_vec();
+            let head = bytes.slice(..after as usize);
             // Let the head reach the client before the connection breaks.
             let broken = futures::stream::once(async {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                Err::<Vec<u8>, _>(std::io::Error::other("connection cut by the test"))
+                Err::<Bytes, _>(std::io::Error::other("connection cut by the test"))
             });
             let body = futures::stream::iter([Ok::<_, std::io::Error>(head)]).chain(broken);
-            r.body(Body::from_stream(body)).unwrap()
+            r.body(Body::from_stream(counted(state.clone(), body)))
+                .unwrap()
         }
         _ => match rate {
-            None => r.body(Body::from(bytes)).unwrap(),
+            None => {
+                let body = futures::stream::iter([Ok::<_, std::io::Error>(bytes)]);
+                r.body(Body::from_stream(counted(state.clone(), body)))
+                    .unwrap()
+            }
             Some(rate) => {
                 // 64 KiB pieces, each after the time the rate allows for it.
                 let piece = 64 << 10;
                 let pause = Duration::from_secs_f64(piece as f64 / rate as f64);
-                let pieces: Vec<Vec<u8>> = bytes.chunks(piece).map(<[u8]>::to_vec).collect();
+                let pieces: Vec<Bytes> = (0..bytes.len())
+                    .step_by(piece)
+                    .map(|at| bytes.slice(at..(at + piece).min(bytes.len())))
+                    .collect();
                 let body = futures::stream::iter(pieces).then(move |p| {
                     let sent = sent.clone();
                     async move {
@@ -725,10 +762,43 @@ async fn cdn_blob(
                         Ok::<_, std::io::Error>(p)
                     }
                 });
-                r.body(Body::from_stream(body)).unwrap()
+                r.body(Body::from_stream(counted(state.clone(), body)))
+                    .unwrap()
             }
         },
     }
+}
+
+/// A shared file content as the owner of zero-copy `Bytes`.
+struct ArcBytes(Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for ArcBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// Counts the body among the CDN bodies being sent while it is.
+fn counted<S>(state: Shared, body: S) -> impl futures::Stream<Item = S::Item> + Send + 'static
+where
+    S: futures::Stream + Send + 'static,
+{
+    struct Guard(Shared);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.lock().unwrap().concurrent.1 -= 1;
+        }
+    }
+    {
+        let mut inner = state.lock().unwrap();
+        inner.concurrent.1 += 1;
+        inner.concurrent.0 = inner.concurrent.0.max(inner.concurrent.1);
+    }
+    let guard = Guard(state);
+    body.map(move |item| {
+        let _ = &guard;
+        item
+    })
 }
 
 fn parse_range(v: &str) -> Option<(u64, Option<u64>)> {

@@ -213,17 +213,29 @@ pub fn free_port() -> u16 {
 
 /// A mirror service on a free loopback port, storing into a temporary directory.
 pub async fn start_mirror(registry: &str) -> (String, tempfile::TempDir) {
+    start_mirror_with(registry, test_policy()).await
+}
+
+/// The mirror's limits in tests: short waits.
+pub fn test_policy() -> modelserve::mirror::fetch::Policy {
     use modelserve::mirror::fetch::Policy;
-    use modelserve::mirror::{Mirror, router, store::Store};
-    let dir = tempfile::tempdir().unwrap();
-    let policy = Policy {
+    Policy {
         hash_attempts: 3,
         stalls: 4,
         backoff: Duration::from_millis(50),
         retry_failed_after: Duration::from_secs(60),
         read_timeout: Duration::from_millis(500),
         ..Policy::default()
-    };
+    }
+}
+
+/// A mirror service with the given limits.
+pub async fn start_mirror_with(
+    registry: &str,
+    policy: modelserve::mirror::fetch::Policy,
+) -> (String, tempfile::TempDir) {
+    use modelserve::mirror::{Mirror, router, store::Store};
+    let dir = tempfile::tempdir().unwrap();
     let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
