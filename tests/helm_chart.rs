@@ -1,13 +1,22 @@
-//! The Helm chart lints, renders objects the real API server accepts, and rejects a wrong value
-//! by name.
+//! The Helm chart lints, renders objects the real API server accepts, rejects a wrong value by
+//! name, installs and uninstalls cleanly, and gives the operator's ServiceAccount exactly the
+//! permissions the controller needs — enough to run it, and nothing more.
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
+use kube::Api;
+use kube::api::PostParams;
+use modelserve::api::{ModelServe, ModelServeSpec};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::{Testbed, repo_path};
+use support::fake_hub::{FakeHub, HubFile};
+use support::models::Dense;
+use support::{Operator, Testbed, eventually, repo_path, start_mirror};
 
 fn chart() -> String {
     repo_path("charts/modelserve")
@@ -384,4 +393,503 @@ fn wrong_values_are_rejected_with_a_message_naming_the_value() {
         "{}",
         both(&out)
     );
+}
+
+/// A chart release in a namespace of its own; uninstalled and deleted when dropped.
+struct Release<'a> {
+    tb: &'a Testbed,
+    name: String,
+    namespace: String,
+    /// The release's object name prefix.
+    fullname: String,
+}
+
+impl<'a> Release<'a> {
+    /// `helm install` into a fresh namespace; the CRD comes from crds/ unless already installed.
+    fn install(tb: &'a Testbed, values: &[String]) -> Release<'a> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("hc{}-{n}", std::process::id());
+        let namespace = format!("helm-r-{}-{n}", std::process::id());
+        let crd_present = tb
+            .kubectl(&["get", "crd", "modelserves.modelserve.dev"])
+            .status
+            .success();
+        let chart = chart();
+        let mut args = vec![
+            "install",
+            &*name,
+            &*chart,
+            "--namespace",
+            &*namespace,
+            "--create-namespace",
+        ];
+        if crd_present {
+            args.push("--skip-crds");
+        }
+        args.extend(sets(values));
+        let out = helm(tb, &args);
+        let release = Release {
+            tb,
+            fullname: format!("{name}-modelserve"),
+            name,
+            namespace,
+        };
+        assert!(out.status.success(), "helm install: {}", both(&out));
+        assert!(
+            both(&out).contains("STATUS: deployed"),
+            "helm install: {}",
+            both(&out)
+        );
+        release
+    }
+
+    fn service_account(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.fullname)
+    }
+
+    /// Whether `kubectl get` finds the object.
+    fn exists(&self, namespace: Option<&str>, kind: &str, name: &str) -> bool {
+        let mut args = vec!["get", kind, name];
+        if let Some(ns) = namespace {
+            args.extend(["-n", ns]);
+        }
+        self.tb.kubectl(&args).status.success()
+    }
+
+    fn uninstall(&self) -> Output {
+        helm(
+            self.tb,
+            &[
+                "uninstall",
+                &self.name,
+                "--namespace",
+                &self.namespace,
+                "--wait",
+                "--timeout=60s",
+            ],
+        )
+    }
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let _ = self.uninstall();
+        let _ = self
+            .tb
+            .kubectl(&["delete", "namespace", &self.namespace, "--wait=false"]);
+    }
+}
+
+/// What `kubectl auth can-i --list` grants `user` in `namespace`, one normalized line per rule
+/// ("resource [names] [verbs]", verbs sorted).
+fn granted(tb: &Testbed, namespace: &str, user: &str) -> BTreeSet<String> {
+    let out = tb.kubectl_ok(&[
+        "auth",
+        "can-i",
+        "--list",
+        "--no-headers",
+        "-n",
+        namespace,
+        &format!("--as={user}"),
+    ]);
+    out.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let resource = if l.starts_with(char::is_whitespace) {
+                ""
+            } else {
+                l.split_whitespace().next().unwrap_or_default()
+            };
+            let groups: Vec<String> = l
+                .split('[')
+                .skip(1)
+                .map(|g| {
+                    let mut words: Vec<&str> = g
+                        .split(']')
+                        .next()
+                        .unwrap_or_default()
+                        .split_whitespace()
+                        .collect();
+                    words.sort();
+                    format!("[{}]", words.join(" "))
+                })
+                .collect();
+            match resource {
+                // Non-resource URLs: [urls] [] [verbs].
+                "" => groups.join(" "),
+                // Resources: [] [names] [verbs].
+                r => format!(
+                    "{r} {}",
+                    groups.iter().skip(1).cloned().collect::<Vec<_>>().join(" ")
+                ),
+            }
+        })
+        .collect()
+}
+
+/// What the chart grants the operator in `namespace`: its rules there minus what every
+/// ServiceAccount of its namespace has anyway (discovery, self reviews).
+fn chart_grants(release: &Release, namespace: &str) -> BTreeSet<String> {
+    let baseline = granted(
+        release.tb,
+        namespace,
+        &format!("system:serviceaccount:{}:nobody", release.namespace),
+    );
+    granted(release.tb, namespace, &release.service_account())
+        .difference(&baseline)
+        .cloned()
+        .collect()
+}
+
+/// `kubectl auth can-i` as the operator; `resource` is `RESOURCE[/NAME][:SUBRESOURCE]`.
+fn can_i(release: &Release, namespace: &str, verb: &str, resource: &str) -> bool {
+    let (resource, sub) = resource.split_once(':').unwrap_or((resource, ""));
+    let subresource = format!("--subresource={sub}");
+    let mut args = vec!["auth", "can-i", verb, resource, "-n", namespace];
+    if !sub.is_empty() {
+        args.push(&subresource);
+    }
+    let user = format!("--as={}", release.service_account());
+    args.push(&user);
+    let out = release.tb.kubectl(&args);
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+fn set(lines: &[&str]) -> BTreeSet<String> {
+    lines.iter().map(|s| s.to_string()).collect()
+}
+
+/// The controller's rules on namespaced resources.
+const NAMESPACED_RULES: [&str; 8] = [
+    "modelserves.modelserve.dev [] [get list patch update watch]",
+    "modelserves.modelserve.dev/status [] [get patch update]",
+    "events.events.k8s.io [] [create patch]",
+    "secrets [] [create get patch]",
+    "services [] [create get list patch watch]",
+    "deployments.apps [] [create get list patch watch]",
+    "replicasets.apps [] [list]",
+    "pods [] [get list watch]",
+];
+const NODES_RULE: &str = "nodes [] [list]";
+
+/// Least privilege in any case: no wildcard, no delete, no reading Secrets wholesale, no node or
+/// pod changes, no scaling users' ModelServes.
+fn assert_nothing_broad(release: &Release, namespace: &str) {
+    for (verb, resource) in [
+        ("*", "*"),
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("patch", "pods"),
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("delete", "secrets"),
+        ("delete", "deployments.apps"),
+        ("patch", "replicasets.apps"),
+        ("delete", "services"),
+        ("create", "modelserves.modelserve.dev"),
+        ("delete", "modelserves.modelserve.dev"),
+        ("patch", "modelserves.modelserve.dev:scale"),
+        ("update", "modelserves.modelserve.dev:scale"),
+        ("get", "nodes"),
+        ("patch", "nodes"),
+        ("create", "pods:exec"),
+        ("get", "configmaps"),
+    ] {
+        assert!(
+            !can_i(release, namespace, verb, resource),
+            "the operator may {verb} {resource} in {namespace}"
+        );
+    }
+}
+
+#[test]
+fn helm_install_creates_the_objects_and_uninstall_removes_them() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let release = Release::install(
+        &tb,
+        &[
+            "mirror.storage.size=1Gi".into(),
+            "mirror.storage.storageClass=standard".into(),
+            "operator.smokeViaPortForward=true".into(),
+        ],
+    );
+    let (ns, full) = (release.namespace.as_str(), release.fullname.as_str());
+    let mirror = format!("{full}-mirror");
+    for (namespace, kind, name) in [
+        (Some(ns), "deployment", full),
+        (Some(ns), "serviceaccount", full),
+        (Some(ns), "serviceaccount", &*mirror),
+        (Some(ns), "statefulset", &*mirror),
+        (Some(ns), "service", &*mirror),
+        (Some(ns), "networkpolicy", &*mirror),
+        (None, "clusterrole", full),
+        (None, "clusterrolebinding", full),
+        (None, "clusterrole", &format!("{full}-nodes")),
+        (None, "clusterrolebinding", &format!("{full}-nodes")),
+    ] {
+        assert!(
+            release.exists(namespace, kind, name),
+            "{kind} {name} was not installed"
+        );
+    }
+    // The operator's pod passes admission and scheduling and becomes available (kwok runs it).
+    let rollout = tb.kubectl(&[
+        "rollout",
+        "status",
+        "-n",
+        ns,
+        &format!("deployment/{full}"),
+        "--timeout=60s",
+    ]);
+    assert!(rollout.status.success(), "{}", both(&rollout));
+    // The mirror's volume is claimed with the size and class asked for.
+    let claim = format!("store-{mirror}-0");
+    let pvc = eventually_sync(Duration::from_secs(30), || {
+        let out = tb.kubectl(&["get", "pvc", &claim, "-n", ns, "-o", "json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout).unwrap())
+    })
+    .unwrap_or_else(|| panic!("PVC {claim} was not created"));
+    assert_eq!(pvc["spec"]["storageClassName"], "standard");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
+
+    // Cluster-wide: the same rules in every namespace, port-forward because it was asked for.
+    let mut expected = set(&NAMESPACED_RULES);
+    expected.insert("pods/portforward [] [create]".into());
+    expected.insert(NODES_RULE.into());
+    assert!(can_i(&release, "default", "create", "pods:portforward"));
+    assert!(can_i(
+        &release,
+        "default",
+        "patch",
+        "modelserves.modelserve.dev:status"
+    ));
+    for namespace in [ns, "default"] {
+        assert_eq!(
+            chart_grants(&release, namespace),
+            expected,
+            "in {namespace}"
+        );
+        assert_nothing_broad(&release, namespace);
+    }
+
+    let out = release.uninstall();
+    assert!(out.status.success(), "helm uninstall: {}", both(&out));
+    for (namespace, kind, name) in [
+        (Some(ns), "deployment", full),
+        (Some(ns), "statefulset", &*mirror),
+        (None, "clusterrole", full),
+        (None, "clusterrolebinding", &format!("{full}-nodes")),
+    ] {
+        assert!(
+            !release.exists(namespace, kind, name),
+            "{kind} {name} outlived helm uninstall"
+        );
+    }
+    assert!(chart_grants(&release, ns).is_empty());
+}
+
+/// Polls a blocking check.
+fn eventually_sync<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[tokio::test]
+async fn one_namespace_install_grants_exactly_the_controllers_rules_and_they_suffice() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let watched = tb.namespace("helm-w");
+    let tokens = tb.namespace("helm-t");
+    let release = Release::install(
+        &tb,
+        &[
+            format!("operator.watchNamespace={}", watched.name),
+            format!("registry.defaultTokenSecret={}/hf", tokens.name),
+        ],
+    );
+    for (namespace, kind, name) in [
+        (&*watched.name, "role", release.fullname.clone()),
+        (&*watched.name, "rolebinding", release.fullname.clone()),
+        (
+            &*tokens.name,
+            "role",
+            format!("{}-default-token", release.fullname),
+        ),
+    ] {
+        assert!(
+            release.exists(Some(namespace), kind, &name),
+            "{kind} {name} in {namespace}"
+        );
+    }
+    assert!(!release.exists(None, "clusterrole", &release.fullname));
+
+    // The watched namespace: the controller's rules, no port-forward (off by default).
+    let mut expected = set(&NAMESPACED_RULES);
+    expected.insert(NODES_RULE.into());
+    assert_eq!(chart_grants(&release, &watched.name), expected);
+    // The default token's namespace: that one Secret, read only.
+    assert_eq!(
+        chart_grants(&release, &tokens.name),
+        set(&["secrets [hf] [get]", NODES_RULE])
+    );
+    // Anywhere else (the release's own namespace included): nodes only.
+    for namespace in [&*release.namespace, "default"] {
+        assert_eq!(
+            chart_grants(&release, namespace),
+            set(&[NODES_RULE]),
+            "{namespace}"
+        );
+    }
+    for namespace in [&*watched.name, &*tokens.name, &*release.namespace] {
+        assert_nothing_broad(&release, namespace);
+    }
+    assert!(!can_i(
+        &release,
+        &watched.name,
+        "create",
+        "pods:portforward"
+    ));
+    assert!(can_i(&release, &tokens.name, "get", "secrets/hf"));
+    assert!(!can_i(&release, &tokens.name, "get", "secrets/other"));
+
+    // Enough: the operator, with this ServiceAccount's token, takes a gated model through
+    // Resolve (the default token), Check (nodes), Mirror, Catalog (Secret, Service, Deployment)
+    // and Place (ReplicaSets, pods), recording Events, without a single Forbidden.
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "acme/Gated-GGUF",
+        vec![HubFile::with_bytes(
+            "tiny-Q4_K_M.gguf",
+            Dense::tiny("llama").gguf(),
+        )],
+    );
+    hub.set_gated("acme/Gated-GGUF", "auto");
+    hub.add_token("hf_chart_token", &["acme/Gated-GGUF"]);
+    tb.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "hf",
+        "-n",
+        &tokens.name,
+        "--from-literal=token=hf_chart_token",
+    ]);
+    let token = tb.kubectl_ok(&[
+        "create",
+        "token",
+        &release.fullname,
+        "-n",
+        &release.namespace,
+        "--duration=1h",
+    ]);
+    let admin: Value = serde_json::from_str(
+        &tb.kubectl_ok(&["config", "view", "--minify", "--raw", "-o", "json"]),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testbed", "cluster": admin["clusters"][0]["cluster"]}],
+            "users": [{"name": "operator", "user": {"token": token.trim()}}],
+            "contexts": [{"name": "operator", "context": {"cluster": "testbed", "user": "operator"}}],
+            "current-context": "operator",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let as_operator = Testbed {
+        kubeconfig,
+        bin: tb.bin.clone(),
+    };
+    let (mirror_url, _store) = start_mirror(&hub.url).await;
+    let default_token = format!("{}/hf", tokens.name);
+    let _op = Operator::start_with(
+        &as_operator,
+        &watched.name,
+        &hub.url,
+        &[
+            "--mirror-url",
+            &mirror_url,
+            "--default-token-secret",
+            &default_token,
+        ],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &watched.name);
+    let spec: ModelServeSpec = serde_json::from_value(
+        json!({"repo": "acme/Gated-GGUF", "contextSize": 4096, "contextLength": 4096}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &ModelServe::new("tiny", spec))
+        .await
+        .unwrap();
+    let cataloged = eventually(Duration::from_secs(60), async || {
+        let s = api.get("tiny").await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Cataloged")?;
+        (c.status == "True").then_some(s)
+    })
+    .await;
+    let status = api.get("tiny").await.unwrap().status;
+    assert!(cataloged.is_some(), "not cataloged: {status:#?}");
+    // The Place stage finds the ready replica (kwok plays the kubelet) from the Deployment, its
+    // ReplicaSets and pods; a version without it says NotImplemented.
+    let placed = eventually(Duration::from_secs(60), async || {
+        let s = api.get("tiny").await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Placed")?;
+        (c.status == "True" || c.reason == "NotImplemented").then_some(s)
+    })
+    .await;
+    let status = api.get("tiny").await.unwrap().status;
+    assert!(placed.is_some(), "not placed: {status:#?}");
+    for c in &status.unwrap().conditions {
+        assert!(
+            !c.message.to_lowercase().contains("forbidden"),
+            "{}: {}",
+            c.type_,
+            c.message
+        );
+    }
+    for (kind, name) in [
+        ("secret", "tiny-engine-key"),
+        ("service", "tiny"),
+        ("deployment", "tiny"),
+    ] {
+        assert!(
+            release.exists(Some(&watched.name), kind, name),
+            "the operator did not create {kind} {name}"
+        );
+    }
+    let events: Value = serde_json::from_str(&tb.kubectl_ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        &watched.name,
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let recorded = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["reportingController"] == "modelserve-controller" && e["regarding"]["name"] == "tiny"
+        })
+        .count();
+    assert!(recorded > 0, "no Events recorded: {events:#}");
 }
