@@ -1,7 +1,7 @@
 //! The Place stage on the test bed: the real scheduler decides where a replica goes, and kwok's
 //! stages (the default pod-ready one and testbed/kwok/pod-faults.yaml) play the kubelet.
-//! The tests run the stage's own observe + decide on a Deployment shaped like the Catalog
-//! stage's.
+//! The first tests run the stage's own observe + decide on a Deployment shaped like the
+//! Catalog stage's; the last ones go through a ModelServe and the operator.
 
 mod support;
 
@@ -12,9 +12,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
+use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
 use modelserve::pipeline::Outcome;
 use modelserve::pipeline::place::{Decision, Limits, decide, observe};
-use support::{Testbed, eventually};
+use support::fake_hub::{FakeHub, HubFile};
+use support::models::Dense;
+use support::{Operator, Testbed, condition, eventually, start_mirror};
 
 const LIMITS: Limits = Limits {
     grace: Duration::from_secs(2),
@@ -194,6 +197,150 @@ async fn a_failing_pull_init_container_is_a_crash_loop_naming_it() {
     let m = message(&d.outcome);
     assert!(
         m.contains("init container pull of m-") && m.contains("last exit code 1 (Error)"),
+        "{m}"
+    );
+}
+
+// Through a ModelServe and the operator: the pipeline reaches Place and reports it.
+
+struct Served {
+    api: Api<ModelServe>,
+    _op: Operator,
+    _hub: FakeHub,
+    _mirror: tempfile::TempDir,
+}
+
+/// A tiny model served with `extra` spec fields by an operator watching `ns`.
+async fn serve(tb: &Testbed, ns: &str, name: &str, extra: serde_json::Value) -> Served {
+    tb.install_crd();
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "acme/Tiny-GGUF",
+        vec![HubFile::with_bytes(
+            "tiny-Q4_K_M.gguf",
+            Dense::tiny("llama").gguf(),
+        )],
+    );
+    let (mirror_url, dir) = start_mirror(&hub.url).await;
+    let op = Operator::start_with(
+        tb,
+        ns,
+        &hub.url,
+        &["--mirror-url", &mirror_url, "--place-grace", "2s"],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, ns);
+    let mut spec =
+        serde_json::json!({"repo": "acme/Tiny-GGUF", "contextSize": 4096, "contextLength": 4096});
+    spec.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().cloned().unwrap_or_default());
+    let spec: ModelServeSpec = serde_json::from_value(spec).unwrap();
+    api.create(&PostParams::default(), &ModelServe::new(name, spec))
+        .await
+        .unwrap();
+    Served {
+        api,
+        _op: op,
+        _hub: hub,
+        _mirror: dir,
+    }
+}
+
+/// Waits until the Placed condition has `status` and `reason`.
+async fn placed_as(
+    api: &Api<ModelServe>,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> ModelServeStatus {
+    let found = eventually(Duration::from_secs(60), async || {
+        let s = api.get(name).await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Placed")?;
+        (c.status == status && c.reason == reason).then_some(s)
+    })
+    .await;
+    match found {
+        Some(s) => s,
+        None => panic!(
+            "{name}: Placed did not become {status}/{reason}: {:#?}",
+            api.get(name).await.ok().and_then(|m| m.status)
+        ),
+    }
+}
+
+#[tokio::test]
+async fn a_served_model_is_placed_and_status_names_the_replica_and_endpoint() {
+    let tb = Testbed::get();
+    let ns = tb.namespace("place-e2e");
+    let s = serve(&tb, &ns.name, "tiny", serde_json::json!({})).await;
+    let st = placed_as(&s.api, "tiny", "True", "Placed").await;
+    let p = st.placement.clone().expect("status.placement");
+    assert!(p.pod.starts_with("tiny-"), "{p:?}");
+    assert!(p.address.ends_with(":8080"), "{p:?}");
+    assert_eq!(
+        st.endpoint.as_deref(),
+        Some(format!("http://tiny.{}.svc:8080/v1", ns.name).as_str())
+    );
+    assert_eq!(st.selector.as_deref(), Some("modelserve.dev/model=tiny"));
+    let (_, _, m) = condition(&st, "Placed");
+    assert!(m.contains(&p.address), "{m}");
+}
+
+#[tokio::test]
+async fn a_served_model_that_crash_loops_stops_at_place_with_the_reason() {
+    let tb = Testbed::get();
+    require_fault_stages(&tb);
+    let ns = tb.namespace("fault-crashloop");
+    let s = serve(&tb, &ns.name, "tiny", serde_json::json!({})).await;
+    let st = placed_as(&s.api, "tiny", "False", "CrashLoop").await;
+    assert_eq!(st.stage.as_deref(), Some("Place"));
+    assert_eq!(st.placement, None);
+    let (ready, reason, m) = condition(&st, "Ready");
+    assert_eq!((ready.as_str(), reason.as_str()), ("False", "CrashLoop"));
+    assert!(m.contains("container llama-server of tiny-"), "{m}");
+}
+
+#[tokio::test]
+async fn a_served_model_killed_at_its_memory_limit_says_so_and_how_to_fix_it() {
+    let tb = Testbed::get();
+    require_fault_stages(&tb);
+    let ns = tb.namespace("fault-oomkill");
+    let s = serve(&tb, &ns.name, "tiny", serde_json::json!({})).await;
+    let st = placed_as(&s.api, "tiny", "False", "OOMKilled").await;
+    let memory = st
+        .check
+        .as_ref()
+        .and_then(|c| c.memory.clone())
+        .unwrap_or_default();
+    let (_, _, m) = condition(&st, "Placed");
+    assert!(
+        m.contains("container llama-server of tiny-")
+            && m.contains("was OOMKilled (exit code 137) at its memory limit of ")
+            && m.ends_with("raise engine.resources memory or lower contextSize"),
+        "{m} (Check estimated {memory})"
+    );
+}
+
+#[tokio::test]
+async fn a_served_model_whose_memory_no_node_has_is_unschedulable() {
+    // Check passes (it compares the estimate, a few MiB), but the user's memory override asks
+    // for more than any node has, so the scheduler refuses the pod. (Filling the nodes with other
+    // pods would do the same, but the test bed's nodes are shared by tests running at once.)
+    let tb = Testbed::get();
+    let ns = tb.namespace("place-big");
+    let s = serve(
+        &tb,
+        &ns.name,
+        "tiny",
+        serde_json::json!({"engine": {"resources": {"requests": {"memory": "100Gi"}}}}),
+    )
+    .await;
+    let st = placed_as(&s.api, "tiny", "False", "Unschedulable").await;
+    assert_eq!(st.stage.as_deref(), Some("Place"));
+    let (_, _, m) = condition(&st, "Placed");
+    assert!(
+        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient memory")
+            && m.ends_with("(a replica requests 100Gi of memory)"),
         "{m}"
     );
 }
