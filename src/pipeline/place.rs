@@ -200,7 +200,7 @@ pub fn verdict(
         && elapsed(since, now) >= limits.timeout
     {
         return Verdict::Timeout(format!(
-            "no replica became ready within {} of the newest one's creation; {progress}",
+            "no replica became ready within {} of the current ReplicaSet or its newest pod being created; {progress}",
             human_duration(limits.timeout)
         ));
     }
@@ -927,7 +927,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Timeout(
-                "no replica became ready within 30m of the newest one's creation; m-a on kwok-small is ContainerCreating".into()
+                "no replica became ready within 30m of the current ReplicaSet or its newest pod being created; m-a on kwok-small is ContainerCreating".into()
             )
         );
     }
