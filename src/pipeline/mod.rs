@@ -159,7 +159,7 @@ async fn run_stage(
             None => not_resolved(),
         },
         Stage::Catalog => catalog::run(ctx, ms, status).await,
-        Stage::Place => Outcome::NotImplemented,
+        Stage::Place => place::run(ctx, ms, status).await,
         Stage::SmokeTest => smoke::run(ctx, ms, status).await,
     })
 }

@@ -1,0 +1,276 @@
+//! Catalog, Place and Smoke test on the test bed, end to end: the operator's Deployment is
+//! scheduled by the real scheduler onto a kwok node, pod-runner plays its kubelet (a real
+//! `modelserve pull` from the mirror, a real llama-server on the pod IP), and the operator's
+//! smoke test reaches the replica at its pod IP as it would in production.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use modelserve::api::{ModelServe, ModelServeStatus};
+use support::fake_hub::{FakeHub, HubFile};
+use support::pod_runner::PodRunner;
+use support::{Namespace, Operator, Testbed, condition, eventually, start_mirror};
+
+/// A tiny loadable llama model from testbed/gen_gguf.py.
+fn tiny_model() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(support::repo_path("testbed/gen_gguf.py"))
+        .arg(dir.path())
+        .args(["--arch", "llama"])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
+}
+
+/// Everything one test needs running: registry, mirror, operator and pod-runner.
+struct Bed<'a> {
+    tb: &'a Testbed,
+    ns: Namespace<'a>,
+    api: Api<ModelServe>,
+    _hub: FakeHub,
+    _mirror: tempfile::TempDir,
+    _op: Operator,
+    runner: PodRunner,
+}
+
+async fn bed<'a>(tb: &'a Testbed, prefix: &str) -> Bed<'a> {
+    tb.install_crd();
+    let ns = tb.namespace(prefix);
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "acme/TinyLlama-GGUF",
+        vec![HubFile::with_bytes("tinyllama-Q4_K_M.gguf", tiny_model())],
+    );
+    let (mirror_url, mirror) = start_mirror(&hub.url).await;
+    let op = Operator::start_with(
+        tb,
+        &ns.name,
+        &hub.url,
+        &["--mirror-url", &mirror_url, "--place-grace", "20s"],
+    );
+    let runner = PodRunner::start(tb, &ns.name);
+    let api = Api::namespaced(tb.client().await, &ns.name);
+    Bed {
+        tb,
+        ns,
+        api,
+        _hub: hub,
+        _mirror: mirror,
+        _op: op,
+        runner,
+    }
+}
+
+impl Bed<'_> {
+    async fn create(&self, name: &str, spec: serde_json::Value) {
+        let spec = serde_json::from_value(spec).unwrap();
+        self.api
+            .create(&PostParams::default(), &ModelServe::new(name, spec))
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `type_` has `status`, then returns the whole status.
+    async fn until(&self, name: &str, type_: &str, status: &str, secs: u64) -> ModelServeStatus {
+        let got = eventually(Duration::from_secs(secs), async || {
+            let s = self.api.get(name).await.ok()?.status?;
+            let c = s.conditions.iter().find(|c| c.type_ == type_)?;
+            (c.status == status).then_some(s)
+        })
+        .await;
+        match got {
+            Some(s) => s,
+            None => panic!(
+                "{type_} never became {status} on {name}: {:#?}\npod-runner log:\n{}",
+                self.api.get(name).await.ok().and_then(|m| m.status),
+                self.runner.log()
+            ),
+        }
+    }
+
+    async fn pods(&self, name: &str) -> Vec<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.tb.client().await, &self.ns.name);
+        pods.list(&ListParams::default().labels(&format!("modelserve.dev/model={name}")))
+            .await
+            .unwrap()
+            .items
+    }
+}
+
+fn tiny(replicas: i32) -> serde_json::Value {
+    serde_json::json!({
+        "repo": "acme/TinyLlama-GGUF",
+        "replicas": replicas,
+        "contextSize": 2048,
+        "contextLength": 1024,
+        "smokeTest": {"prompt": "Say hello.", "maxTokens": 8},
+    })
+}
+
+#[tokio::test]
+async fn a_model_is_placed_and_answers_its_smoke_test_at_the_pod_ip() {
+    let tb = Testbed::get();
+    let b = bed(&tb, "serve").await;
+    b.create("tiny", tiny(1)).await;
+    let s = b.until("tiny", "Ready", "True", 240).await;
+    for c in ["Cataloged", "Placed", "SmokeTested"] {
+        assert_eq!(condition(&s, c).0, "True", "{c}: {:?}", condition(&s, c));
+    }
+    let place = s.placement.clone().expect("status.placement");
+    assert!(
+        place.address.starts_with("127.1.") && place.address.ends_with(":8080"),
+        "the pod IP from the kwok range: {}",
+        place.address
+    );
+    let smoke = s.smoke.clone().expect("status.smoke");
+    assert!(
+        smoke.completion_tokens.unwrap_or(0) > 0,
+        "the model generated tokens: {smoke:?}"
+    );
+    let speed = smoke.tokens_per_second.expect("tokens/s");
+    assert!(speed > 0.0);
+    assert_eq!(s.ready_replicas, 1);
+    assert_eq!(
+        s.endpoint.as_deref(),
+        Some(format!("http://tiny.{}.svc:8080/v1", b.ns.name).as_str())
+    );
+
+    // What a user sees.
+    let table = b.tb.kubectl_ok(&["get", "modelserves", "-n", &b.ns.name]);
+    let row = table.lines().find(|l| l.starts_with("tiny ")).unwrap();
+    assert!(row.contains("1/1"), "READY 1/1 in {table}");
+    assert!(
+        row.contains(&format!("{speed}")),
+        "TOK/S {speed} in {table}"
+    );
+    let wait = b.tb.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "modelserve/tiny",
+        "-n",
+        &b.ns.name,
+        "--timeout=10s",
+    ]);
+    assert!(wait.status.success(), "{wait:?}");
+    let described =
+        b.tb.kubectl_ok(&["describe", "modelserve", "tiny", "-n", &b.ns.name]);
+    assert!(described.contains("Answered"), "{described}");
+
+    // Someone scales the Deployment by hand: the next reconcile puts it back, once.
+    let deployments: Api<Deployment> = Api::namespaced(b.tb.client().await, &b.ns.name);
+    deployments
+        .patch(
+            "tiny",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    let back = eventually(Duration::from_secs(30), async || {
+        let d = deployments.get("tiny").await.ok()?;
+        (d.spec?.replicas == Some(1)).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "the Deployment is scaled back to the spec's 1"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let d = deployments.get("tiny").await.unwrap();
+    assert_eq!(d.spec.unwrap().replicas, Some(1), "and stays there");
+
+    // Deleting the ModelServe leaves nothing behind: the garbage collector takes its objects.
+    b.api
+        .delete("tiny", &DeleteParams::default())
+        .await
+        .unwrap();
+    let client = b.tb.client().await;
+    let gone = eventually(Duration::from_secs(60), async || {
+        let d: Api<Deployment> = Api::namespaced(client.clone(), &b.ns.name);
+        let sv: Api<Service> = Api::namespaced(client.clone(), &b.ns.name);
+        let se: Api<Secret> = Api::namespaced(client.clone(), &b.ns.name);
+        let none = d.get_opt("tiny").await.ok()?.is_none()
+            && sv.get_opt("tiny").await.ok()?.is_none()
+            && se.get_opt("tiny-engine-key").await.ok()?.is_none();
+        none.then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "Deployment, Service and Secret are collected"
+    );
+}
+
+#[tokio::test]
+async fn zero_replicas_is_ready_on_demand_and_a_scale_up_places_and_smoke_tests() {
+    let tb = Testbed::get();
+    let b = bed(&tb, "ondemand").await;
+    b.create("later", tiny(0)).await;
+    let s = b.until("later", "Ready", "True", 120).await;
+    assert_eq!(condition(&s, "Ready").1, "OnDemand");
+    assert_eq!(condition(&s, "Cataloged").0, "True");
+    assert!(b.pods("later").await.is_empty(), "no pod while on demand");
+
+    let scaled = b.tb.kubectl(&[
+        "scale",
+        "modelserve/later",
+        "--replicas=1",
+        "-n",
+        &b.ns.name,
+    ]);
+    assert!(scaled.status.success(), "{scaled:?}");
+    let s = b.until("later", "SmokeTested", "True", 240).await;
+    assert_eq!(condition(&s, "Placed").0, "True");
+    assert!(s.smoke.is_some());
+    let s = b.until("later", "Ready", "True", 30).await;
+    assert_ne!(condition(&s, "Ready").1, "OnDemand");
+}
+
+#[tokio::test]
+async fn a_replica_that_refuses_the_engine_key_fails_the_smoke_test_with_its_401() {
+    let tb = Testbed::get();
+    let b = bed(&tb, "badkey").await;
+    let mut spec = tiny(1);
+    spec["smokeTest"]["enabled"] = false.into();
+    b.create("keyed", spec).await;
+    let s = b.until("keyed", "Ready", "True", 240).await;
+    assert_eq!(condition(&s, "SmokeTested").1, "Skipped");
+
+    // The replica started with the key it had; the Secret now holds another one.
+    let secrets: Api<Secret> = Api::namespaced(b.tb.client().await, &b.ns.name);
+    let mut secret = secrets.get("keyed-engine-key").await.unwrap();
+    secret.data.as_mut().unwrap().insert(
+        "key".into(),
+        ByteString(b"not-the-key-the-server-has".to_vec()),
+    );
+    secret.metadata.managed_fields = None;
+    secrets
+        .replace("keyed-engine-key", &PostParams::default(), &secret)
+        .await
+        .unwrap();
+    b.api
+        .patch(
+            "keyed",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"smokeTest": {"enabled": true}}})),
+        )
+        .await
+        .unwrap();
+    let s = b.until("keyed", "SmokeTested", "False", 120).await;
+    let (_, reason, message) = condition(&s, "SmokeTested");
+    assert_eq!(reason, "SmokeTestFailed");
+    assert!(message.contains("HTTP 401"), "{message}");
+    assert_eq!(condition(&s, "Ready").0, "False");
+}
