@@ -13,6 +13,7 @@ use url::Url;
 
 use crate::hub::check_repo;
 use crate::hub::select::safe_path;
+use crate::mirror::fetch::resume_from;
 use crate::mirror::store::free_space;
 use crate::units::human_bytes;
 
@@ -376,33 +377,6 @@ async fn already_present(target: &Path, f: &Wanted) -> std::io::Result<bool> {
     tracing::warn!(path = %f.path, %got, want = %f.sha256, "the file in place has another sha256; replacing it");
     std::fs::remove_file(target)?;
     Ok(false)
-}
-
-/// The hash of what a file holds and its length, reading it once; a file longer than `size`
-/// cannot be the start of the wanted one, so it is removed and counts as nothing.
-fn resume_from(path: &Path, size: u64) -> std::io::Result<(Sha256, u64)> {
-    use std::io::Read;
-    let mut hasher = Sha256::new();
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((hasher, 0)),
-        Err(e) => return Err(e),
-    };
-    if file.metadata()?.len() > size {
-        drop(file);
-        std::fs::remove_file(path)?;
-        return Ok((hasher, 0));
-    }
-    let mut buf = vec![0u8; 1 << 20];
-    let mut have = 0;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            return Ok((hasher, have));
-        }
-        hasher.update(&buf[..n]);
-        have += n as u64;
-    }
 }
 
 /// Where a copy grows until it is verified: `DIR/PATH.part`.

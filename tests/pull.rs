@@ -511,6 +511,28 @@ async fn a_server_answering_a_range_with_the_whole_file_is_copied_from_the_start
 }
 
 #[tokio::test]
+async fn a_mirror_file_of_another_size_than_published_fails_at_once() {
+    let content = bytes(100_000, 2);
+    let server = FileServer::start(content.clone()).await;
+    let dest = tempfile::tempdir().unwrap();
+    let published = format!("{}:100001:m.gguf", sha(&content));
+    let run = pull(&server.url, dest.path(), &[published]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(
+        run.stderr.ends_with(
+            "modelserve: m.gguf: the mirror has a file of 100000 bytes where the registry published 100001; the mirror's copy is not the published file\n"
+        ),
+        "{run:?}"
+    );
+    assert_eq!(server.ranges().len(), 1, "one request, no retries");
+    assert!(
+        listing(dest.path()).is_empty(),
+        "{:?}",
+        listing(dest.path())
+    );
+}
+
+#[tokio::test]
 async fn wrong_bytes_are_fetched_three_times_then_refused_and_never_put_in_place() {
     let content = bytes(200_000, 9);
     let mut corrupt = content.clone();
@@ -651,6 +673,26 @@ async fn a_file_larger_than_the_free_space_fails_before_any_byte_moves() {
     let last = run.stderr.lines().last().unwrap_or_default();
     assert!(
         last.starts_with("modelserve: big.gguf needs 2.0 MiB more in /")
+            && last.ends_with(", which has 1.0 MiB free"),
+        "{run:?}"
+    );
+    assert!(server.ranges().is_empty(), "nothing was requested");
+    assert_eq!(run.stdout, "", "no file was written");
+
+    // Shards that each fit but not together fail before the first one is copied.
+    let half = &content[..600_000];
+    let script = format!(
+        "\"$PULL\" pull --mirror {} --repo {REPO} --commit {COMMIT} --dest \"$DEST\" --file {} --file {}\n\
+         rc=$?; find \"$DEST\" -type f; exit $rc",
+        server.url,
+        spec("a.gguf", half),
+        spec("b.gguf", half)
+    );
+    let run = in_tiny_tmpfs(&script).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("modelserve: the 2 files still to pull need 1.1 MiB in /")
             && last.ends_with(", which has 1.0 MiB free"),
         "{run:?}"
     );
