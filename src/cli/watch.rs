@@ -370,6 +370,9 @@ pub fn progress_plain(p: &MirrorProgress) -> String {
     )
 }
 
+/// How long a watch waits for the controller's first status before saying so.
+const CONTROLLER_SILENCE: Duration = Duration::from_secs(30);
+
 /// Why a watch stopped before a verdict.
 #[derive(Debug)]
 pub enum Stop {
@@ -396,8 +399,19 @@ pub async fn follow(
     let mut follower = Follower::new(generation);
     let mut last: Option<ModelServe> = None;
     let mut lost = false;
+    // A status that never comes usually means no controller watches this namespace.
+    let silence = tokio::time::sleep(CONTROLLER_SILENCE);
+    futures::pin_mut!(silence);
+    let mut heard = false;
     loop {
         tokio::select! {
+            _ = &mut silence, if !heard => {
+                heard = true;
+                display.line(&format!(
+                    "(no status for generation {generation} after {}s: is the modelserve controller running and watching this namespace?)",
+                    CONTROLLER_SILENCE.as_secs()
+                ));
+            }
             _ = &mut ctrl_c => {
                 display.clear_bar();
                 return Err(Stop::Interrupted);
@@ -413,6 +427,11 @@ pub async fn follow(
                         lost = false;
                     }
                     let now = Instant::now();
+                    heard |= ms
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.observed_generation)
+                        .is_some_and(|g| g >= generation);
                     for u in follower.observe(&ms, now) {
                         display.show(&u, now);
                         if let Update::Finished(v) = u {
