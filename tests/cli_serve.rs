@@ -527,3 +527,74 @@ async fn serve_prints_every_stage_in_order_and_exits_0_with_the_smoke_reply() {
         "{reply}"
     );
 }
+
+#[tokio::test]
+async fn timeout_and_ctrl_c_stop_the_watch_not_the_model() {
+    let bed = Bed::start("cli-stop").await;
+    bed.add_tiny_repo(12 << 20);
+    bed.hub.throttle(1 << 20); // about 12 s of mirroring
+    let ns = bed.ns.name.clone();
+    let d = bed.serve_tiny(&["--on-demand", "--detach"]).await;
+    assert_eq!(d.code, Some(0), "{d:#?}");
+    let api = bed.api().await;
+    let mirroring = eventually(Duration::from_secs(20), async || {
+        let s = api.get("tiny").await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Mirrored")?;
+        (c.reason == "Mirroring").then_some(())
+    })
+    .await;
+    assert!(mirroring.is_some(), "the mirror started");
+    let r = bed.serve_tiny(&["--on-demand", "--timeout", "2s"]).await;
+    assert_eq!(r.code, Some(1), "{r:#?}");
+    let err = r.stderr.trim_end();
+    assert!(
+        err.starts_with(
+            "modelserve: tiny is not ready after 2s: the Mirror stage is Unknown (Mirroring): "
+        ) && err.ends_with(&format!(
+            "It keeps going in the cluster; watch it with `modelserve status tiny -n {ns} --watch`"
+        )),
+        "{err}"
+    );
+
+    // Ctrl-C while the mirror works: the CLI stops, says how to watch again, and the model goes on.
+    let child = tokio::process::Command::new(modelserve_bin())
+        .args(["status", "tiny", "-n", &ns, "--watch"])
+        .env("KUBECONFIG", &bed.tb.kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("Ctrl-C ends the watch at once")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "modelserve: stopped watching; tiny keeps going in the cluster. Watch it again with `modelserve status tiny -n {ns} --watch`\n"
+        )
+    );
+    let before = api.get("tiny").await.unwrap().status.unwrap();
+    assert!(
+        before
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Mirrored" && c.status == "Unknown"),
+        "Ctrl-C came while the mirror worked: {before:#?}"
+    );
+    let ready = eventually(Duration::from_secs(60), async || {
+        let s = api.get("tiny").await.ok()?.status?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (c.status == "True").then_some(())
+    })
+    .await;
+    assert!(ready.is_some(), "the model went on after the CLI stopped");
+}

@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
     /// Stop watching after this long (90s, 30m, 2h; default: until ready or failed).
-    #[arg(long, value_parser = parse_timeout)]
+    #[arg(long, value_parser = crate::controller::parse_duration)]
     pub timeout: Option<Duration>,
 }
 
@@ -257,39 +257,6 @@ fn parse_token_secret(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// `90`, `90s`, `30m`, `2h`, `1h30m`; `0` means no timeout.
-pub fn parse_timeout(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration such as 90s, 30m, 2h or 1h30m");
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = 0u64;
-    let mut number = String::new();
-    for c in s.chars() {
-        if c.is_ascii_digit() {
-            number.push(c);
-            continue;
-        }
-        let unit = match c {
-            's' => 1,
-            'm' => 60,
-            'h' => 3600,
-            'd' => 86400,
-            _ => return Err(bad()),
-        };
-        let n: u64 = number.parse().map_err(|_| bad())?;
-        total = n
-            .checked_mul(unit)
-            .and_then(|v| total.checked_add(v))
-            .ok_or_else(bad)?;
-        number.clear();
-    }
-    if !number.is_empty() || s.is_empty() {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs(total))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,13 +345,10 @@ mod tests {
     }
 
     #[test]
-    fn timeouts_read_like_kubectl_wait() {
-        assert_eq!(parse_timeout("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_timeout("30m"), Ok(Duration::from_secs(1800)));
-        assert_eq!(parse_timeout("1h30m"), Ok(Duration::from_secs(5400)));
-        assert!(parse_timeout("soon").is_err());
-        assert!(parse_timeout("5x").is_err());
-        assert!(parse_timeout("10m5").is_err());
+    fn the_timeout_reads_like_kubectl_wait() {
+        let a = args(&["a/b", "--timeout", "1h30m"]);
+        assert_eq!(a.timeout, Some(Duration::from_secs(5400)));
+        assert!(T::try_parse_from(["serve", "a/b", "--timeout", "soon"]).is_err());
     }
 
     #[test]
