@@ -598,3 +598,60 @@ async fn timeout_and_ctrl_c_stop_the_watch_not_the_model() {
     .await;
     assert!(ready.is_some(), "the model went on after the CLI stopped");
 }
+
+#[tokio::test]
+async fn what_the_api_server_refuses_is_one_line_quoting_it() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("cli-refused");
+    let run = |args: Vec<&str>| {
+        let out = std::process::Command::new(modelserve_bin())
+            .args(args)
+            .env("KUBECONFIG", &tb.kubeconfig)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let lines = if out.status.success() { 0 } else { 1 };
+        assert_eq!(err.lines().count(), lines, "{err}");
+        (out.status.code(), err.trim_end().to_string())
+    };
+    let (code, err) = run(vec![
+        "serve",
+        "acme/Tiny-GGUF",
+        "-n",
+        "no-such-namespace-cli",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        err,
+        "modelserve: cannot apply ModelServe no-such-namespace-cli/tiny: namespaces \"no-such-namespace-cli\" not found (NotFound)"
+    );
+    let (code, err) = run(vec![
+        "serve",
+        "acme/Tiny-GGUF",
+        "-n",
+        &ns.name,
+        "--file",
+        "../x.gguf",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        err,
+        format!(
+            "modelserve: cannot apply ModelServe {}/tiny: ModelServe.modelserve.dev \"tiny\" is invalid: spec.file: Invalid value: \"../x.gguf\": file must be a path inside the repository: '..' is not allowed (Invalid)",
+            ns.name
+        )
+    );
+    // A name already serving another repository is not silently repointed.
+    let (code, _) = run(vec!["serve", "acme/Tiny-GGUF", "-n", &ns.name, "--detach"]);
+    assert_eq!(code, Some(0));
+    let (code, err) = run(vec!["serve", "other/Tiny-GGUF", "-n", &ns.name]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        err,
+        format!(
+            "modelserve: ModelServe {}/tiny already serves acme/Tiny-GGUF; choose another --name to serve other/Tiny-GGUF",
+            ns.name
+        )
+    );
+}

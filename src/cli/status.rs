@@ -112,9 +112,11 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
         format!(
             "{}{}{observed}",
             status.stage.as_deref().unwrap_or("-"),
+            // status.progress is the mirror's; after the Mirror stage it only says 100%.
             status
                 .progress
                 .as_deref()
+                .filter(|_| status.stage.as_deref() == Some(Stage::Mirror.name()))
                 .map(|p| format!(" {p}"))
                 .unwrap_or_default()
         ),
