@@ -65,7 +65,8 @@ pub struct Config {
 }
 
 /// The default image of `modelserve pull`: this very version of modelserve.
-pub const DEFAULT_PULL_IMAGE: &str = concat!("ghcr.io/modelserve/modelserve:", env!("CARGO_PKG_VERSION"));
+pub const DEFAULT_PULL_IMAGE: &str =
+    concat!("ghcr.io/modelserve/modelserve:", env!("CARGO_PKG_VERSION"));
 
 /// The default llama.cpp server image.
 pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
