@@ -12,7 +12,7 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::{Instrument, info, warn};
@@ -183,7 +183,16 @@ pub async fn run(config: Config) -> Result<(), Error> {
     });
     health.ready.store(true, Ordering::Relaxed);
     info!("controller started");
-    let controller = Controller::new(api, watcher::Config::default())
+    // Only a new generation (a spec change, or a new object) triggers a reconcile from the
+    // ModelServe watch: our own status writes do not, so progress is written at the pace the
+    // stages ask for (every few seconds while mirroring), not once per byte batch.
+    let (reader, writer) = reflector::store();
+    let models = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let controller = Controller::for_stream(models, reader)
         .owns(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=modelserve"),

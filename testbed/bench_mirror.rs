@@ -10,10 +10,8 @@
 //!       [--cap-mib-per-s 32] [--runs 3]
 
 #[path = "../tests/support/fake_hub.rs"]
-#[allow(dead_code)]
 mod fake_hub;
 #[path = "../tests/support/models.rs"]
-#[allow(dead_code)]
 mod models;
 
 use std::path::Path;

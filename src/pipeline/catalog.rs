@@ -380,7 +380,7 @@ pub async fn run(ctx: &Context, ms: &ModelServe, status: &mut ModelServeStatus) 
     };
     let Some(mirror_url) = ctx.config.mirror_url.clone() else {
         return Outcome::Failed {
-            reason: "NoMirror".into(),
+            reason: "MirrorNotConfigured".into(),
             message:
                 "the operator has no --mirror-url, so replicas have nowhere to copy the model from"
                     .into(),
