@@ -272,12 +272,45 @@ async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error
         write_status(ctx, ms, &status).await?;
     }
     for t in &transitions {
+        if t.to == Status::True
+            && let Some(secs) = stage_seconds(ms, &status, t.type_, ctx.clock.as_ref())
+        {
+            ctx.metrics
+                .stage_seconds
+                .get_or_create(&StageLabel {
+                    stage: t.type_.into(),
+                })
+                .observe(secs);
+        }
         publish(ctx, ms, t).await;
     }
     Ok(match report.requeue {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
+}
+
+/// How long the stage owning condition `type_` took, as it turns True now: from the moment the
+/// previous stage turned True (or the object was created, for the first stage).
+fn stage_seconds(
+    ms: &ModelServe,
+    status: &ModelServeStatus,
+    type_: &str,
+    clock: &dyn Clock,
+) -> Option<f64> {
+    let i = pipeline::Stage::ALL
+        .iter()
+        .position(|s| s.condition() == type_)?;
+    let start = match i {
+        0 => ms.metadata.creation_timestamp.clone()?.0,
+        _ => {
+            let prev = pipeline::Stage::ALL[i - 1].condition();
+            let c = status.conditions.iter().find(|c| c.type_ == prev)?;
+            (c.status == "True").then_some(c.last_transition_time.0)?
+        }
+    };
+    let secs = clock.now().duration_since(start).as_secs_f64();
+    (secs >= 0.0).then_some(secs)
 }
 
 /// The status after this reconcile, and the condition transitions it makes.

@@ -60,6 +60,7 @@ pub struct Metrics {
     pub transitions: Family<StageLabel, Counter>,
     pub models_by_stage: Family<StageLabel, Gauge>,
     pub smoke_speed: Histogram,
+    pub stage_seconds: Family<StageLabel, Histogram, fn() -> Histogram>,
     /// The last stage of each model (namespace/name), for models_by_stage.
     stages: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
@@ -73,6 +74,8 @@ impl Default for Metrics {
         let transitions = Family::<StageLabel, Counter>::default();
         let models_by_stage = Family::<StageLabel, Gauge>::default();
         let smoke_speed = Histogram::new(exponential_buckets(0.5, 2.0, 12));
+        let stage_seconds: Family<StageLabel, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.25, 2.0, 18)));
         registry.register(
             "reconciles",
             "Reconciles by result (ok, error)",
@@ -99,6 +102,11 @@ impl Default for Metrics {
             models_by_stage.clone(),
         );
         registry.register(
+            "stage_duration_seconds",
+            "Time from the end of the previous stage (or the object's creation) until a stage was done",
+            stage_seconds.clone(),
+        );
+        registry.register(
             "smoke_tokens_per_second",
             "Generation speed the smoke tests measured",
             smoke_speed.clone(),
@@ -111,6 +119,7 @@ impl Default for Metrics {
             transitions,
             models_by_stage,
             smoke_speed,
+            stage_seconds,
             stages: Default::default(),
         }
     }

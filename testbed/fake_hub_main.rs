@@ -4,6 +4,7 @@
 //! With a directory as third argument, every `NAME.gguf` in it becomes the repository
 //! `modelserve-demo/NAME-GGUF` with real, downloadable bytes (see testbed/gen_gguf.py).
 //!   cargo run --example fake-hub -- 127.0.0.1:18090 127.0.0.1:18091 [DIR]
+//! FAKE_HUB_THROTTLE=BYTES caps every CDN connection at BYTES per second.
 
 #[path = "../tests/support/fake_hub.rs"]
 mod fake_hub;
@@ -41,6 +42,14 @@ async fn main() {
             );
             println!("serving {} as modelserve-demo/{stem}-GGUF", path.display());
         }
+    }
+    // A slow registry on purpose, to watch progress: bytes per second per CDN connection.
+    if let Some(rate) = std::env::var("FAKE_HUB_THROTTLE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        hub.throttle(rate);
+        println!("every CDN connection capped at {rate} bytes/s");
     }
     println!(
         "fake Hub on {} (CDN {}), serving {} repositories",

@@ -53,7 +53,6 @@ fn non_default_values(watch: &str, token_ns: &str) -> Vec<String> {
         "operator.replicas=0".into(),
         "operator.metricsPort=9100".into(),
         "operator.pullImage=registry.example:5000/team/modelserve-pull@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef".into(),
-        "operator.smokeViaPortForward=true".into(),
         "operator.resources.requests.cpu=0.1".into(),
         "operator.nodeSelector.pool=system".into(),
         "operator.tolerations[0].key=dedicated".into(),
@@ -612,7 +611,6 @@ fn helm_install_creates_the_objects_and_uninstall_removes_them() {
         &[
             "mirror.storage.size=1Gi".into(),
             "mirror.storage.storageClass=standard".into(),
-            "operator.smokeViaPortForward=true".into(),
         ],
     );
     let (ns, full) = (release.namespace.as_str(), release.fullname.as_str());
@@ -656,11 +654,11 @@ fn helm_install_creates_the_objects_and_uninstall_removes_them() {
     assert_eq!(pvc["spec"]["storageClassName"], "standard");
     assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "1Gi");
 
-    // Cluster-wide: the same rules in every namespace, port-forward because it was asked for.
+    // Cluster-wide: the same rules in every namespace; the smoke test calls pod IPs, so no
+    // port-forward.
     let mut expected = set(&NAMESPACED_RULES);
-    expected.insert("pods/portforward [] [create]".into());
     expected.insert(NODES_RULE.into());
-    assert!(can_i(&release, "default", "create", "pods:portforward"));
+    assert!(!can_i(&release, "default", "create", "pods:portforward"));
     assert!(can_i(
         &release,
         "default",

@@ -41,7 +41,7 @@ struct Bed<'a> {
     api: Api<ModelServe>,
     _hub: FakeHub,
     _mirror: tempfile::TempDir,
-    _op: Operator,
+    op: Operator,
     runner: PodRunner,
 }
 
@@ -68,7 +68,7 @@ async fn bed<'a>(tb: &'a Testbed, prefix: &str) -> Bed<'a> {
         api,
         _hub: hub,
         _mirror: mirror,
-        _op: op,
+        op,
         runner,
     }
 }
@@ -164,9 +164,52 @@ async fn a_model_is_placed_and_answers_its_smoke_test_at_the_pod_ip() {
         "--timeout=10s",
     ]);
     assert!(wait.status.success(), "{wait:?}");
+    // The timeline: one Event per stage transition.
     let described =
         b.tb.kubectl_ok(&["describe", "modelserve", "tiny", "-n", &b.ns.name]);
-    assert!(described.contains("Answered"), "{described}");
+    let events = described.split("Events:").nth(1).unwrap_or_default();
+    for reason in [
+        "Resolved",
+        "Checked",
+        "Mirrored",
+        "Cataloged",
+        "Placed",
+        "Answered",
+        "AllStagesDone",
+    ] {
+        assert!(
+            events
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(reason)),
+            "no {reason} Event in:\n{events}"
+        );
+    }
+    // The operator's metrics after a full run.
+    let (_, metrics) = b.op.get("/metrics").await.expect("metrics answer");
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing from:\n{metrics}"))
+    };
+    for stage in [
+        "Resolved",
+        "Checked",
+        "Mirrored",
+        "Cataloged",
+        "Placed",
+        "SmokeTested",
+    ] {
+        assert!(
+            value(&format!(
+                "modelserve_stage_duration_seconds_count{{stage=\"{stage}\"}}"
+            )) >= 1.0
+        );
+    }
+    assert!(value("modelserve_smoke_tokens_per_second_sum") > 0.0);
+    assert!(value("modelserve_reconciles_total{result=\"ok\"}") > 0.0);
+    assert!(value("modelserve_models{stage=\"Ready\"}") >= 1.0);
 
     // Someone scales the Deployment by hand: the next reconcile puts it back, once.
     let deployments: Api<Deployment> = Api::namespaced(b.tb.client().await, &b.ns.name);
