@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -463,32 +462,14 @@ async fn in_a_terminal_the_progress_bar_is_redrawn_in_place_and_stages_are_colou
     assert!(!out.contains("\x1b["), "NO_COLOR: no colour codes: {out:?}");
 }
 
-/// A tiny llama that the real llama-server loads (testbed/gen_gguf.py).
-fn loadable_model(dir: &Path) -> PathBuf {
-    let out = std::process::Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-        .arg(dir)
-        .args(["--arch", "llama"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gen_gguf.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir.join("llama-tiny-f16.gguf")
-}
-
 #[tokio::test]
 async fn serve_prints_every_stage_in_order_and_exits_0_with_the_smoke_reply() {
     let bed = Bed::start("cli-full").await;
-    let dir = tempfile::tempdir().unwrap();
-    let model = loadable_model(dir.path());
     bed.hub.add_repo(
         "acme/Tiny-GGUF",
         vec![HubFile::with_bytes(
             "llama-tiny-f16.gguf",
-            std::fs::read(&model).unwrap(),
+            support::models::tiny_llama_gguf(),
         )],
     );
     let runner = PodRunner::start(bed.tb, &bed.ns.name);

@@ -8,59 +8,12 @@ mod support;
 
 use std::time::Duration;
 
-use modelserve::mirror::store::FileRef;
-use modelserve::mirror::{Request, Status};
 use support::fake_hub::{FakeHub, HubFile};
 use support::pod_runner::PodRunner;
 use support::{Testbed, eventually, start_mirror};
 
 const REPO: &str = "acme/Tiny-GGUF";
 const PATH: &str = "Q8/llama-tiny-f16.gguf";
-
-/// A tiny loadable llama model from testbed/gen_gguf.py.
-fn tiny_model() -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(support::repo_path("testbed/gen_gguf.py"))
-        .arg(dir.path())
-        .args(["--arch", "llama"])
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
-}
-
-/// The mirror fetches the file from the fake Hub, as the Mirror stage has it do.
-async fn mirror_file(mirror: &str, commit: &str, f: &HubFile) {
-    let req = Request {
-        files: vec![FileRef {
-            repo: REPO.into(),
-            commit: commit.into(),
-            path: f.path.clone(),
-            sha256: f.sha256.clone(),
-            size: f.size,
-        }],
-        token: None,
-    };
-    let done = eventually(Duration::from_secs(30), async || {
-        let s: Status = reqwest::Client::new()
-            .post(format!("{mirror}/v1/fetch"))
-            .json(&req)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        (s.files[0].state == "present").then_some(())
-    })
-    .await;
-    assert!(done.is_some(), "the mirror did not get {}", f.path);
-}
 
 /// A pod as the Catalog stage writes its template (see the serving pod contract).
 fn pod_yaml(name: &str, mirror: &str, commit: &str, f: &HubFile, sha256: &str) -> String {
@@ -151,10 +104,10 @@ async fn a_contract_pod_pulls_from_the_mirror_and_serves_at_its_pod_ip_until_del
     let tb = Testbed::get();
     let ns = tb.namespace("podrun");
     let hub = FakeHub::start().await;
-    let file = HubFile::with_bytes(PATH, tiny_model());
+    let file = HubFile::with_bytes(PATH, support::models::tiny_llama_gguf());
     let commit = hub.add_repo(REPO, vec![file.clone()]);
     let (mirror, _store) = start_mirror(&hub.url).await;
-    mirror_file(&mirror, &commit, &file).await;
+    support::mirror_present(&mirror, REPO, &commit, std::slice::from_ref(&file)).await;
     let key = format!(
         "key-{}-{}",
         std::process::id(),

@@ -16,8 +16,6 @@ use axum::extract::{Path as AxPath, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use modelserve::mirror::store::FileRef;
-use modelserve::mirror::{Request, Status};
 use sha2::{Digest, Sha256};
 use support::fake_hub::{FakeHub, HubFile};
 use support::{eventually, free_port, modelserve_bin, start_mirror};
@@ -143,36 +141,6 @@ fn listing(dir: &Path) -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // Against the real mirror.
 
-async fn mirrored(mirror: &str, commit: &str, files: &[HubFile]) {
-    let refs: Vec<FileRef> = files
-        .iter()
-        .map(|f| FileRef {
-            repo: REPO.into(),
-            commit: commit.into(),
-            path: f.path.clone(),
-            sha256: f.sha256.clone(),
-            size: f.size,
-        })
-        .collect();
-    let done = eventually(Duration::from_secs(30), async || {
-        let s: Status = reqwest::Client::new()
-            .post(format!("{mirror}/v1/fetch"))
-            .json(&Request {
-                files: refs.clone(),
-                token: None,
-            })
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        s.files.iter().all(|f| f.state == "present").then_some(())
-    })
-    .await;
-    assert!(done.is_some(), "the mirror did not get the files");
-}
-
 #[tokio::test]
 async fn a_sharded_set_in_a_sub_folder_is_pulled_from_the_mirror_verified_and_kept() {
     let hub = FakeHub::start().await;
@@ -186,7 +154,7 @@ async fn a_sharded_set_in_a_sub_folder_is_pulled_from_the_mirror_verified_and_ke
         .collect();
     let commit = hub.add_repo(REPO, files.clone());
     let (mirror, _store) = start_mirror(&hub.url).await;
-    mirrored(&mirror, &commit, &files).await;
+    support::mirror_present(&mirror, REPO, &commit, &files).await;
     let dest = tempfile::tempdir().unwrap();
     let models = dest.path().join("models");
     let specs: Vec<String> = shards.iter().map(|(p, b)| spec(p, b)).collect();

@@ -17,23 +17,6 @@ use support::fake_hub::{FakeHub, HubFile};
 use support::pod_runner::PodRunner;
 use support::{Namespace, Operator, Testbed, condition, eventually, start_mirror};
 
-/// A tiny loadable llama model from testbed/gen_gguf.py.
-fn tiny_model() -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(support::repo_path("testbed/gen_gguf.py"))
-        .arg(dir.path())
-        .args(["--arch", "llama"])
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
-}
-
 /// Everything one test needs running: registry, mirror, operator and pod-runner.
 struct Bed<'a> {
     tb: &'a Testbed,
@@ -51,7 +34,10 @@ async fn bed<'a>(tb: &'a Testbed, prefix: &str) -> Bed<'a> {
     let hub = FakeHub::start().await;
     hub.add_repo(
         "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes("tinyllama-Q4_K_M.gguf", tiny_model())],
+        vec![HubFile::with_bytes(
+            "tinyllama-Q4_K_M.gguf",
+            support::models::tiny_llama_gguf(),
+        )],
     );
     let (mirror_url, mirror) = start_mirror(&hub.url).await;
     let op = Operator::start_with(

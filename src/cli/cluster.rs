@@ -67,6 +67,18 @@ fn missing_kubeconfig() -> Option<String> {
 }
 
 impl Cluster {
+    /// The namespace to use (the flag's, else the kubeconfig context's) and its ModelServes,
+    /// after checking that the API server answers and the CRD is installed.
+    pub async fn models(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<(String, Api<ModelServe>), Failure> {
+        let namespace = namespace.map_or_else(|| self.default_namespace.clone(), str::to_string);
+        self.ensure_crd(Some(&namespace)).await?;
+        let api = Api::namespaced(self.client.clone(), &namespace);
+        Ok((namespace, api))
+    }
+
     /// Fails with one line when the API server cannot be reached or the CRD is not installed.
     /// Lists in `namespace` only, so a user with rights in one namespace can pass.
     pub async fn ensure_crd(&self, namespace: Option<&str>) -> Result<(), Failure> {

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use kube::Api;
 use kube::api::{Patch, PatchParams};
 
-use crate::api::ModelServe;
 use crate::cli::watch::{self, Display};
 use crate::cli::{Failure, Output, cluster};
 
@@ -80,12 +78,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         None => object_name(&args.repo),
     };
     let cluster = cluster::connect().await?;
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| cluster.default_namespace.clone());
-    cluster.ensure_crd(Some(&namespace)).await?;
-    let api: Api<ModelServe> = Api::namespaced(cluster.client.clone(), &namespace);
+    let (namespace, api) = cluster.models(args.namespace.as_deref()).await?;
 
     let before = api
         .get_opt(&name)

@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Api;
 
 use crate::api::{ModelServe, ModelServeStatus};
 use crate::cli::watch::{self, Display};
@@ -36,12 +35,7 @@ pub struct Args {
 /// Prints the status, or follows it.
 pub async fn run(args: Args) -> Result<(), Failure> {
     let cluster = cluster::connect().await?;
-    let namespace = args
-        .namespace
-        .clone()
-        .unwrap_or_else(|| cluster.default_namespace.clone());
-    cluster.ensure_crd(Some(&namespace)).await?;
-    let api: Api<ModelServe> = Api::namespaced(cluster.client.clone(), &namespace);
+    let (namespace, api) = cluster.models(args.namespace.as_deref()).await?;
     let name = &args.name;
     let Some(ms) = api
         .get_opt(name)

@@ -297,3 +297,37 @@ impl Drop for Operator {
         let _ = self.child.wait();
     }
 }
+
+/// Has the mirror at `mirror` fetch `files` of `repo` at `commit` from its registry, as the
+/// Mirror stage does, and waits until every one is present.
+pub async fn mirror_present(mirror: &str, repo: &str, commit: &str, files: &[fake_hub::HubFile]) {
+    use modelserve::mirror::store::FileRef;
+    use modelserve::mirror::{Request, Status};
+    let req = Request {
+        files: files
+            .iter()
+            .map(|f| FileRef {
+                repo: repo.into(),
+                commit: commit.into(),
+                path: f.path.clone(),
+                sha256: f.sha256.clone(),
+                size: f.size,
+            })
+            .collect(),
+        token: None,
+    };
+    let done = eventually(Duration::from_secs(30), async || {
+        let s: Status = reqwest::Client::new()
+            .post(format!("{mirror}/v1/fetch"))
+            .json(&req)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        s.files.iter().all(|f| f.state == "present").then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "the mirror did not get the files of {repo}");
+}

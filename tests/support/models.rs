@@ -273,3 +273,21 @@ pub fn listing_header(repo: &str, path: &str) -> Option<Vec<u8>> {
         }
     }
 }
+
+/// A tiny llama that the real llama-server loads, written by testbed/gen_gguf.py (random
+/// weights; needs numpy and pyyaml, which scripts/test installs).
+pub fn tiny_llama_gguf() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
+        .arg(dir.path())
+        .args(["--arch", "llama"])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
+}
