@@ -76,6 +76,22 @@ fn content(bytes: u64, seed: u64) -> Vec<u8> {
     out
 }
 
+/// CPU seconds used so far by this process (the fake Hub and the mirror) and by its waited-for
+/// children (curl), from /proc/self/stat.
+fn cpu() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which ends with the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    // utime, stime, cutime, cstime are fields 14..=17, that is 11..=14 after the name.
+    let tick = 100.0;
+    let get = |i: usize| f.get(i).copied().unwrap_or(0.0) / tick;
+    (get(11) + get(12), get(13) + get(14))
+}
+
 fn curl(url: &str, out: &Path, size: u64) -> Duration {
     let _ = std::fs::remove_file(out);
     let t = Instant::now();
@@ -142,6 +158,20 @@ async fn mirror_once(registry: &str, file: &FileRef, work: &Path, policy: Policy
     took
 }
 
+/// Bytes per second one core hashes with sha256 here: no verifying download of one file can be
+/// faster, however many connections bring the bytes (the hash of a file is one sequential chain).
+fn sha256_rate() -> f64 {
+    use sha2::{Digest, Sha256};
+    let data = content(256 << 20, 7);
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        std::hint::black_box(Sha256::digest(&data));
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    data.len() as f64 / best
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -161,7 +191,7 @@ async fn compare(
     runs: usize,
     work: &Path,
     policy: Policy,
-) -> f64 {
+) -> (f64, Duration) {
     let f = HubFile::with_bytes(&format!("{name}.gguf"), content(bytes, bytes));
     let repo = format!("bench/{name}-GGUF");
     let commit = hub.add_repo(&repo, vec![f.clone()]);
@@ -178,12 +208,15 @@ async fn compare(
         // Alternate, so drift on the machine hits both sides alike.
         let curl_url = url.clone();
         let out = work.join("curl.out");
+        let before = cpu();
         c.push(
             tokio::task::spawn_blocking(move || curl(&curl_url, &out, bytes))
                 .await
                 .unwrap(),
         );
+        let between = cpu();
         m.push(mirror_once(&hub.url, &file, work, policy).await);
+        let after = cpu();
         println!(
             "  run {run}: curl {:>7.2} s ({}), mirror {:>7.2} s ({})",
             c[run - 1].as_secs_f64(),
@@ -191,9 +224,16 @@ async fn compare(
             m[run - 1].as_secs_f64(),
             rate(bytes, m[run - 1]),
         );
+        println!(
+            "    CPU: curl side {:.2} core-s (Hub {:.2}, curl {:.2}); mirror side {:.2} core-s (Hub and mirror)",
+            between.0 - before.0 + between.1 - before.1,
+            between.0 - before.0,
+            between.1 - before.1,
+            after.0 - between.0,
+        );
     }
     let (c, m) = (median(c), median(m));
-    c.as_secs_f64() / m.as_secs_f64()
+    (c.as_secs_f64() / m.as_secs_f64(), c)
 }
 
 #[tokio::main]
@@ -209,14 +249,17 @@ async fn main() {
     );
 
     println!("1. {} MiB, uncapped loopback", a.size_mib);
-    let full = compare(&hub, "full", a.size_mib << 20, a.runs, work.path(), policy).await;
+    // Hashing speed at the start and at the end of the run: the better of both counts.
+    let sha_before = sha256_rate();
+    let (full, curl_full) =
+        compare(&hub, "full", a.size_mib << 20, a.runs, work.path(), policy).await;
 
     println!(
         "2. {} MiB, each CDN connection capped at {} MiB/s",
         a.capped_mib, a.cap_mib_per_s
     );
     hub.throttle(a.cap_mib_per_s << 20);
-    let capped = compare(
+    let (capped, _) = compare(
         &hub,
         "capped",
         a.capped_mib << 20,
@@ -226,6 +269,15 @@ async fn main() {
     )
     .await;
 
+    let sha = sha256_rate().max(sha_before);
+    let curl_rate = (a.size_mib << 20) as f64 / curl_full.as_secs_f64();
+    println!(
+        "sha256 on one core here: {:.0} MiB/s; curl's median uncapped: {:.0} MiB/s; so no verifying \
+         download can beat {:.2}x curl on this machine",
+        sha / (1 << 20) as f64,
+        curl_rate / (1 << 20) as f64,
+        sha / curl_rate
+    );
     println!("mirror / curl throughput (median of {} runs):", a.runs);
     println!(
         "  uncapped {:.2}x (goal >= 0.9x) {}",

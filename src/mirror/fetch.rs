@@ -1,5 +1,6 @@
 //! One verified download into `.incomplete/`: a large file comes over several Range connections
-//! at once, one segment each, written in place; the sha256 follows the bytes as they become
+//! at once (opened one at a time while the hash waits for bytes), one segment each, written in
+//! place; the sha256 follows the bytes as they become
 //! contiguous, reading back from the page cache what was just written rather than the whole file
 //! at the end. A ledger beside the partial file records each segment's progress, so a restart
 //! (even SIGKILL) resumes every segment where it stopped. Size and sha256 are checked before the
@@ -224,12 +225,12 @@ pub async fn fetch(
         } else {
             policy.connections
         };
-        let workers = futures::future::join_all(
-            (0..connections).map(|_| worker(hub, f, &job, p, policy, metrics)),
-        );
         let (results, digest) = tokio::join!(
             async {
-                let r = workers.await;
+                let r = connect(&job, connections, || {
+                    worker(hub, f, &job, p, policy, metrics)
+                })
+                .await;
                 job.stop.store(true, Ordering::Release);
                 job.wake.notify_one();
                 r
@@ -343,6 +344,8 @@ struct Job {
     next: AtomicUsize,
     stop: AtomicBool,
     wake: Notify,
+    /// Time the sha256 spent waiting for bytes to hash.
+    starved_nanos: AtomicU64,
 }
 
 impl Job {
@@ -407,6 +410,7 @@ impl Job {
             next: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             wake: Notify::new(),
+            starved_nanos: AtomicU64::new(0),
         })
     }
 
@@ -431,6 +435,11 @@ impl Job {
                 return Some(i);
             }
         }
+    }
+
+    /// Whether some segment is still to be claimed by a connection.
+    fn unclaimed(&self) -> bool {
+        self.next.load(Ordering::Relaxed) < self.done.len()
     }
 
     /// Bytes from the start of the file that are all in place.
@@ -470,6 +479,46 @@ impl Job {
 fn seg_len(i: usize, segment: u64, size: u64) -> u64 {
     let start = i as u64 * segment;
     segment.min(size.saturating_sub(start))
+}
+
+/// How often the mirror considers opening one more connection.
+const RAMP_EVERY: Duration = Duration::from_millis(100);
+
+/// Runs the connections of one download: one at first, then one more every `RAMP_EVERY` in
+/// which the sha256 spent most of its time waiting for bytes, up to `most`. A link whose one
+/// connection already outpaces the hash gains nothing from more: they would only take CPU
+/// from it and make it read back bytes that arrived out of order.
+async fn connect<W, F>(job: &Job, most: usize, open: F) -> Vec<Result<(), Step>>
+where
+    F: Fn() -> W,
+    W: Future<Output = Result<(), Step>>,
+{
+    use futures::stream::FuturesUnordered;
+    let mut running = FuturesUnordered::new();
+    running.push(open());
+    let mut opened = 1;
+    let mut results = Vec::new();
+    let mut tick = tokio::time::interval(RAMP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut starved = job.starved_nanos.load(Ordering::Relaxed);
+    loop {
+        tokio::select! {
+            r = running.next() => match r {
+                Some(r) => results.push(r),
+                None => return results,
+            },
+            _ = tick.tick(), if opened < most => {
+                let now = job.starved_nanos.load(Ordering::Relaxed);
+                let hungry = now - starved > RAMP_EVERY.as_nanos() as u64 / 2;
+                starved = now;
+                if hungry && job.unclaimed() && !job.stop.load(Ordering::Acquire) {
+                    running.push(open());
+                    opened += 1;
+                }
+            }
+        }
+    }
 }
 
 /// One connection: takes segments in file order until none is left.
@@ -634,34 +683,44 @@ fn content_range(h: &reqwest::header::HeaderMap) -> Option<(u64, Option<u64>)> {
 /// Hashes the file as it becomes contiguous; None when the download stopped before the end.
 async fn hash(job: Arc<Job>, size: u64) -> std::io::Result<Option<[u8; 32]>> {
     const CHUNK: u64 = 8 << 20;
-    let mut hasher = Some(Sha256::new());
+    // The hash and one reused buffer travel to the blocking thread and back.
+    let mut state = (Sha256::new(), vec![0u8; CHUNK as usize]);
     let mut hashed = 0u64;
     loop {
         let ready = job.contiguous();
         if ready > hashed {
             // Just-written bytes come back from the page cache, off the async threads.
-            let (j, mut h) = (job.clone(), hasher.take().unwrap_or_default());
+            let (j, (mut h, mut buf)) = (job.clone(), state);
             let len = (ready - hashed).min(CHUNK);
             let at = hashed;
-            let h = tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; len as usize];
-                j.file.read_exact_at(&mut buf, at)?;
-                h.update(&buf);
-                Ok::<_, std::io::Error>(h)
+            state = tokio::task::spawn_blocking(move || {
+                j.file.read_exact_at(&mut buf[..len as usize], at)?;
+                h.update(&buf[..len as usize]);
+                // Hashed bytes are final: start writing them to disk now (the kernel does it in
+                // the background), so the fsync before the file is present finds little left.
+                let _ = rustix::fs::fadvise(
+                    &j.file,
+                    at,
+                    std::num::NonZeroU64::new(len),
+                    rustix::fs::Advice::DontNeed,
+                );
+                Ok::<_, std::io::Error>((h, buf))
             })
             .await
             .map_err(std::io::Error::other)??;
-            hasher = Some(h);
             hashed += len;
             continue;
         }
         if hashed == size {
-            return Ok(hasher.map(|h| h.finalize().into()));
+            return Ok(Some(state.0.finalize().into()));
         }
         if job.stop.load(Ordering::Acquire) && job.contiguous() == hashed {
             return Ok(None);
         }
-        let _ = tokio::time::timeout(Duration::from_millis(50), job.wake.notified()).await;
+        let waited = Instant::now();
+        let _ = tokio::time::timeout(Duration::from_millis(20), job.wake.notified()).await;
+        job.starved_nanos
+            .fetch_add(waited.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -691,4 +750,56 @@ pub fn resume_from(partial: &Path, size: u64) -> std::io::Result<(Sha256, u64)> 
         have += n as u64;
     }
     Ok((hasher, have))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A job over an 8-segment file in a temporary directory.
+    fn job(dir: &Path) -> Arc<Job> {
+        let part = dir.join("blob.incomplete");
+        Arc::new(Job::open(&part, &ledger_path(&part), 8 << 20, 1 << 20).unwrap())
+    }
+
+    /// Opens up to `most` connections that each last 0.7 s, while `starve` says whether the
+    /// hash waits for bytes; answers how many were opened.
+    async fn opened(most: usize, starve: bool) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(dir.path());
+        let count = AtomicUsize::new(0);
+        let feeder = {
+            let job = job.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    if starve {
+                        job.starved_nanos.fetch_add(10_000_000, Ordering::Relaxed);
+                    }
+                }
+            })
+        };
+        let results = connect(&job, most, || {
+            count.fetch_add(1, Ordering::Relaxed);
+            async {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                Ok(())
+            }
+        })
+        .await;
+        feeder.abort();
+        assert_eq!(results.len(), count.load(Ordering::Relaxed));
+        count.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn a_link_that_keeps_the_hash_busy_stays_on_one_connection() {
+        assert_eq!(opened(4, false).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_hash_waiting_for_bytes_opens_connections_up_to_the_most() {
+        assert_eq!(opened(4, true).await, 4);
+        assert_eq!(opened(2, true).await, 2);
+    }
 }

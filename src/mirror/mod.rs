@@ -38,7 +38,8 @@ pub struct Config {
     /// Registry speaking the Hugging Face Hub API; the only place files are fetched from.
     #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
     pub registry_endpoint: String,
-    /// Range connections per file; files smaller than two segments use one.
+    /// Most Range connections per file. A download starts with one and opens another while the
+    /// sha256 waits for bytes; files smaller than two segments use one.
     #[arg(long, env = "MODELSERVE_MIRROR_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: u16,
     /// Bytes one connection asks for at a time (at least 1Mi), e.g. 64Mi.

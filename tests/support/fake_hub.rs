@@ -747,21 +747,24 @@ async fn cdn_blob(
                     .unwrap()
             }
             Some(rate) => {
-                // 64 KiB pieces, each after the time the rate allows for it.
+                // 64 KiB pieces, each when the rate allows for it since the body started (a
+                // schedule, not a pause per piece: timer granularity would lower the rate).
                 let piece = 64 << 10;
                 let pause = Duration::from_secs_f64(piece as f64 / rate as f64);
                 let pieces: Vec<Bytes> = (0..bytes.len())
                     .step_by(piece)
                     .map(|at| bytes.slice(at..(at + piece).min(bytes.len())))
                     .collect();
-                let body = futures::stream::iter(pieces).then(move |p| {
-                    let sent = sent.clone();
-                    async move {
-                        tokio::time::sleep(pause).await;
-                        sent.fetch_add(p.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                        Ok::<_, std::io::Error>(p)
-                    }
-                });
+                let start = tokio::time::Instant::now();
+                let body =
+                    futures::stream::iter(pieces.into_iter().enumerate()).then(move |(i, p)| {
+                        let sent = sent.clone();
+                        async move {
+                            tokio::time::sleep_until(start + pause * (i as u32 + 1)).await;
+                            sent.fetch_add(p.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                            Ok::<_, std::io::Error>(p)
+                        }
+                    });
                 r.body(Body::from_stream(counted(state.clone(), body)))
                     .unwrap()
             }
