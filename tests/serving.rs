@@ -265,6 +265,21 @@ async fn zero_replicas_is_ready_on_demand_and_a_scale_up_places_and_smoke_tests(
     assert!(s.smoke.is_some());
     let s = b.until("later", "Ready", "True", 30).await;
     assert_ne!(condition(&s, "Ready").1, "OnDemand");
+
+    // Back to zero: on demand again, and no word of a replica that is gone.
+    let scaled = b.tb.kubectl(&[
+        "scale",
+        "modelserve/later",
+        "--replicas=0",
+        "-n",
+        &b.ns.name,
+    ]);
+    assert!(scaled.status.success(), "{scaled:?}");
+    let s = b.until("later", "Placed", "Unknown", 60).await;
+    assert_eq!(condition(&s, "Placed").1, "OnDemand");
+    assert_eq!(condition(&s, "Ready").1, "OnDemand");
+    assert!(s.placement.is_none(), "{:?}", s.placement);
+    assert!(s.smoke.is_none(), "{:?}", s.smoke);
 }
 
 #[tokio::test]

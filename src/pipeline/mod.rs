@@ -129,6 +129,9 @@ pub async fn run(
     let mut outcomes = Vec::with_capacity(Stage::ALL.len());
     for stage in Stage::ALL {
         if stage == Stage::Place && ms.spec.replicas == 0 {
+            // No replica runs on demand: what an earlier one was and answered is history.
+            status.placement = None;
+            status.smoke = None;
             break;
         }
         let outcome = run_stage(stage, ctx, ms, status).await?;
