@@ -83,6 +83,8 @@ pub struct Transition {
     pub to: Status,
     pub reason: String,
     pub message: String,
+    /// Whether this transition reports a failure (published as a Warning Event).
+    pub warning: bool,
 }
 
 /// Sets `desired` in `conditions` and reports a transition when its status changed (or it is new).
@@ -110,6 +112,7 @@ pub fn set(
                 to: desired.status,
                 reason: desired.reason.clone(),
                 message,
+                warning: desired.status == Status::False,
             })
         }
         None => {
@@ -127,6 +130,7 @@ pub fn set(
                 to: desired.status,
                 reason: desired.reason.clone(),
                 message,
+                warning: desired.status == Status::False,
             })
         }
     }

@@ -323,13 +323,17 @@ pub fn next_status(
     let generation = ms.metadata.generation;
     let mut transitions = Vec::new();
     let ready = conditions::ready_summary(&report.conditions, report.on_demand.as_deref());
+    // Ready is False all through a normal rollout; only a failed stage makes that a warning.
+    let failed = report.conditions.iter().any(|d| d.status == Status::False);
     for desired in report.conditions.iter().chain(std::iter::once(&ready)) {
-        transitions.extend(conditions::set(
-            &mut status.conditions,
-            desired,
-            generation,
-            clock,
-        ));
+        transitions.extend(
+            conditions::set(&mut status.conditions, desired, generation, clock).map(|mut t| {
+                if t.type_ == conditions::READY {
+                    t.warning &= failed;
+                }
+                t
+            }),
+        );
     }
     status.observed_generation = generation;
     status.stage = Some(
@@ -383,7 +387,7 @@ async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
             stage: t.type_.into(),
         })
         .inc();
-    let type_ = if t.to == Status::False {
+    let type_ = if t.warning {
         EventType::Warning
     } else {
         EventType::Normal
@@ -480,6 +484,31 @@ mod tests {
             "False"
         );
         assert_eq!(transitions.len(), 7, "every new condition is an Event");
+    }
+
+    /// The Events a first reconcile publishes after Resolve ended with `outcome`: (type, warning).
+    fn events_after(outcome: Outcome) -> Vec<(&'static str, bool)> {
+        let report = pipeline::decide(&[(Stage::Resolve, outcome)], 1);
+        let (_, transitions) = next_status(Default::default(), &report, &model(1), &at(0));
+        transitions.iter().map(|t| (t.type_, t.warning)).collect()
+    }
+
+    #[test]
+    fn a_rollout_in_progress_warns_of_nothing_and_a_failed_stage_warns() {
+        let waiting = events_after(Outcome::Waiting {
+            reason: "Resolving".into(),
+            message: "asking the Hub".into(),
+            after: Duration::from_secs(5),
+        });
+        assert!(waiting.iter().all(|(_, w)| !w), "{waiting:?}");
+
+        let failed = events_after(Outcome::Failed {
+            reason: "GatedRepo".into(),
+            message: "accept the license".into(),
+            retry: None,
+        });
+        assert!(failed.contains(&("Resolved", true)), "{failed:?}");
+        assert!(failed.contains(&("Ready", true)), "{failed:?}");
     }
 
     #[test]

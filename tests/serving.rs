@@ -170,6 +170,13 @@ async fn a_model_is_placed_and_answers_its_smoke_test_at_the_pod_ip() {
             "no {reason} Event in:\n{events}"
         );
     }
+    // Ready is False until the end of a normal rollout, which is no cause for a Warning.
+    assert!(
+        !events
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some("Warning")),
+        "a Warning Event in a rollout that went well:\n{events}"
+    );
     // The operator's metrics after a full run.
     let (_, metrics) = b.op.get("/metrics").await.expect("metrics answer");
     let value = |name: &str| -> f64 {
