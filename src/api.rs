@@ -173,6 +173,19 @@ pub struct EngineSpec {
     pub tolerations: Vec<Toleration>,
 }
 
+impl EngineSpec {
+    /// The memory the user asks for in `resources`: the request, or else the limit (which
+    /// Kubernetes copies into a missing request). None when only the estimate applies.
+    pub fn memory_request(
+        &self,
+    ) -> Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+        let r = self.resources.as_ref()?;
+        [&r.requests, &r.limits]
+            .into_iter()
+            .find_map(|m| m.as_ref()?.get("memory"))
+    }
+}
+
 /// The smoke test sent once to a ready replica.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]

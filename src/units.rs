@@ -22,7 +22,8 @@ pub fn gi_quantity(bytes: u64) -> String {
     format!("{}.{}Gi", tenths / 10, tenths % 10)
 }
 
-/// Bytes of a Kubernetes memory quantity (`16Gi`, `16384Mi`, `17179869184`, `16G`, `1.5Gi`).
+/// Bytes of a Kubernetes memory quantity (`16Gi`, `16384Mi`, `17179869184`, `16G`, `1.5Gi`,
+/// `1.6e10`).
 pub fn parse_quantity(q: &str) -> Option<u64> {
     let q = q.trim();
     let split = q
@@ -44,7 +45,16 @@ pub fn parse_quantity(q: &str) -> Option<u64> {
         "Pi" => 1024f64.powi(5),
         "Ei" => 1024f64.powi(6),
         "m" => 1e-3,
-        _ => return None,
+        // A decimal exponent: e3, E9, e+3.
+        e => match e
+            .strip_prefix(['e', 'E'])
+            .map(|x| x.strip_prefix('+').unwrap_or(x))
+        {
+            Some(x) if !x.is_empty() && x.bytes().all(|b| b.is_ascii_digit()) => {
+                10f64.powi(x.parse::<i32>().ok()?.min(30))
+            }
+            _ => return None,
+        },
     };
     let n: f64 = num.parse().ok()?;
     let bytes = n * factor;
@@ -62,6 +72,10 @@ mod tests {
         assert_eq!(parse_quantity("17179869184"), Some(16 << 30));
         assert_eq!(parse_quantity("16G"), Some(16_000_000_000));
         assert_eq!(parse_quantity("1.5Gi"), Some(3 << 29));
+        assert_eq!(parse_quantity("1.6e10"), Some(16_000_000_000));
+        assert_eq!(parse_quantity("16E9"), Some(16_000_000_000));
+        assert_eq!(parse_quantity("1e+3"), Some(1000));
+        assert_eq!(parse_quantity("1e"), None);
         assert_eq!(parse_quantity("lots"), None);
         assert_eq!(parse_quantity("5Qi"), None);
     }

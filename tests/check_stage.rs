@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
 use support::fake_hub::{FakeHub, HubFile};
 use support::models::Dense;
@@ -117,6 +117,58 @@ async fn a_model_bigger_than_every_node_stops_before_mirroring() {
         hub.requests()
             .iter()
             .all(|p| !p.contains("/resolve/") || p.contains("huge-Q4_K_M.gguf"))
+    );
+}
+
+#[tokio::test]
+async fn the_memory_a_user_requests_is_what_must_fit_on_a_node() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("asked");
+    let hub = FakeHub::start().await;
+    hub.add_repo(
+        "acme/Small-GGUF",
+        vec![HubFile::with_bytes(
+            "small-Q4_K_M.gguf",
+            Dense::tiny("llama").gguf(),
+        )],
+    );
+    let _op = Operator::start(&tb, &ns.name, &hub.url);
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    // A tiny model, but its pods would ask for more than the largest node has.
+    let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({
+        "repo": "acme/Small-GGUF",
+        "engine": {"resources": {"requests": {"memory": "100Gi"}}}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &ModelServe::new("asks", spec))
+        .await
+        .unwrap();
+    let s = checked_as(&api, "asks", "False").await;
+    let (_, reason, message) = condition(&s, "Checked");
+    assert_eq!(reason, "NoNodeFits");
+    assert!(
+        message.contains("a replica needs 100.0 GiB")
+            && message.contains("engine.resources asks for 100.0 GiB per replica"),
+        "{message}"
+    );
+
+    // Asking for less than the estimate fits, and says what that risks.
+    api.patch(
+        "asks",
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"spec": {"engine": {"resources": {"requests": {"memory": "1Mi"}}}}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let s = checked_as(&api, "asks", "True").await;
+    let (_, _, message) = condition(&s, "Checked");
+    assert!(
+        message.contains("engine.resources asks for 1.0 MiB per replica")
+            && message.contains("below the estimate: llama-server may be killed for memory"),
+        "{message}"
     );
 }
 

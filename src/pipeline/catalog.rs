@@ -135,14 +135,18 @@ pub fn objects(
     };
 
     let (args, env) = server_args(ms, resolved, s.build, parallel);
+    let user_request = engine.memory_request().cloned();
     let mut resources = engine.resources.clone().unwrap_or_default();
-    // Memory request = limit = the estimate, unless the user set them; a user's request alone
-    // becomes the limit too, so a request is never above its limit.
+    // Memory request = limit = the estimate, unless the user set them. A user's request alone
+    // becomes the limit too, and a user's limit alone the request (as Kubernetes does), so a
+    // request is never above its limit.
     let request = resources
         .requests
         .get_or_insert_with(Default::default)
         .entry("memory".into())
-        .or_insert_with(|| Quantity(format!("{}Mi", memory.div_ceil(1 << 20))))
+        .or_insert_with(|| {
+            user_request.unwrap_or_else(|| Quantity(format!("{}Mi", memory.div_ceil(1 << 20))))
+        })
         .clone();
     resources
         .limits
@@ -693,6 +697,25 @@ mod tests {
         assert_eq!(req["memory"], Quantity("9Gi".into()));
         assert_eq!(req["cpu"], Quantity("2".into()));
         assert_eq!(res.limits.unwrap()["memory"], Quantity("9Gi".into()));
+    }
+
+    #[test]
+    fn a_users_memory_limit_alone_is_the_request_too() {
+        let ms = model(
+            serde_json::json!({"repo": "o/Qwen-GGUF", "engine": {"resources": {
+            "limits": {"memory": "3Gi"}}}}),
+        );
+        let (d, _) = objects(
+            &ms,
+            &resolved(&[("q.gguf", 100)]),
+            &checked(5 << 30, 1),
+            &settings(10587),
+        )
+        .unwrap();
+        let res = pod(&d).containers[0].resources.clone().unwrap();
+        // Not the 5 GiB estimate: a request above its limit is refused by the API server.
+        assert_eq!(res.requests.unwrap()["memory"], Quantity("3Gi".into()));
+        assert_eq!(res.limits.unwrap()["memory"], Quantity("3Gi".into()));
     }
 
     #[test]

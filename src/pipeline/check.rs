@@ -10,7 +10,7 @@ use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 
 use super::Outcome;
-use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
+use crate::api::{CheckStatus, EngineSpec, ModelServe, ResolvedStatus};
 use crate::controller::Context;
 use crate::gguf::memory::{self, Flags};
 use crate::gguf::{self, ReadError, SourceError, support};
@@ -222,6 +222,34 @@ pub fn fit(needed: u64, nodes: &[Candidate]) -> Result<String, String> {
     }
 }
 
+/// The memory a replica's pod requests, and a note when the user set it: `engine.resources`
+/// (request, or else limit) wins over the estimate `needed`, which the note compares it with.
+pub fn requested(engine: &EngineSpec, needed: u64) -> Result<(u64, Option<String>), String> {
+    let Some(q) = engine.memory_request() else {
+        return Ok((needed, None));
+    };
+    let Some(asked) = parse_quantity(&q.0) else {
+        return Err(format!(
+            "engine.resources memory {:?} is not a quantity such as 16Gi, 16384Mi or 17179869184",
+            q.0
+        ));
+    };
+    let note = if asked < needed {
+        format!(
+            "engine.resources asks for {} per replica, {} below the estimate: llama-server may be killed for memory",
+            human_bytes(asked),
+            human_bytes(needed - asked)
+        )
+    } else {
+        format!(
+            "engine.resources asks for {} per replica (the estimate is {})",
+            human_bytes(asked),
+            human_bytes(needed)
+        )
+    };
+    Ok((asked, Some(note)))
+}
+
 /// Runs the stage.
 pub async fn run(
     ctx: &Context,
@@ -292,17 +320,31 @@ pub async fn run(
         }
     };
     let engine = ms.spec.engine.clone().unwrap_or_default();
+    // The scheduler places a replica by the memory its pod requests: the user's, when set.
+    let (asked, asked_note) = match requested(&engine, needed) {
+        Ok(r) => r,
+        Err(message) => {
+            return Outcome::Failed {
+                reason: "InvalidResources".into(),
+                message,
+                retry: None,
+            };
+        }
+    };
     let verdict = fit(
-        needed,
+        asked,
         &candidates(&nodes, &engine.node_selector, &engine.tolerations),
     );
-    let summary = format!(
+    let mut summary = format!(
         "{} loads from {} (nodes run {}); {}",
         status.architecture.as_deref().unwrap_or("the model"),
         status.first_build.as_deref().unwrap_or("?"),
         status.engine_build.as_deref().unwrap_or("?"),
         status.basis.as_deref().unwrap_or_default()
     );
+    if let Some(n) = asked_note {
+        summary = format!("{summary}; {n}");
+    }
     match verdict {
         Ok(fits) => Outcome::Done {
             reason: "Checked".into(),
@@ -347,6 +389,49 @@ mod tests {
             ..Default::default()
         });
         n
+    }
+
+    fn engine(resources: serde_json::Value) -> EngineSpec {
+        serde_json::from_value(serde_json::json!({ "resources": resources })).unwrap()
+    }
+
+    #[test]
+    fn the_users_memory_request_or_limit_is_what_must_fit() {
+        let need = 4 << 30;
+        assert_eq!(requested(&EngineSpec::default(), need), Ok((need, None)));
+
+        let (asked, note) = requested(
+            &engine(serde_json::json!({"requests": {"memory": "8Gi"}})),
+            need,
+        )
+        .unwrap();
+        assert_eq!(asked, 8 << 30);
+        assert_eq!(
+            note.unwrap(),
+            "engine.resources asks for 8.0 GiB per replica (the estimate is 4.0 GiB)"
+        );
+
+        // A limit alone is the request too, as Kubernetes makes it.
+        let (asked, note) = requested(
+            &engine(serde_json::json!({"limits": {"memory": "3Gi"}})),
+            need,
+        )
+        .unwrap();
+        assert_eq!(asked, 3 << 30);
+        assert_eq!(
+            note.unwrap(),
+            "engine.resources asks for 3.0 GiB per replica, 1.0 GiB below the estimate: llama-server may be killed for memory"
+        );
+
+        let bad = requested(
+            &engine(serde_json::json!({"requests": {"memory": "lots"}})),
+            need,
+        )
+        .unwrap_err();
+        assert_eq!(
+            bad,
+            "engine.resources memory \"lots\" is not a quantity such as 16Gi, 16384Mi or 17179869184"
+        );
     }
 
     #[test]
