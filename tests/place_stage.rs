@@ -322,25 +322,26 @@ async fn a_served_model_killed_at_its_memory_limit_says_so_and_how_to_fix_it() {
 }
 
 #[tokio::test]
-async fn a_served_model_whose_memory_no_node_has_is_unschedulable() {
-    // Check passes (it compares the estimate, a few MiB), but the user's memory override asks
-    // for more than any node has, so the scheduler refuses the pod. (Filling the nodes with other
-    // pods would do the same, but the test bed's nodes are shared by tests running at once.)
+async fn a_served_model_no_node_has_room_for_is_unschedulable() {
+    // Check passes (it compares memory, and a few MiB fit), but the user's CPU request is more
+    // than any node has, so the scheduler refuses the pod. (Filling the nodes with other pods
+    // would do the same, but the test bed's nodes are shared by tests running at once; a memory
+    // request no node holds stops at Check already.)
     let tb = Testbed::get();
     let ns = tb.namespace("place-big");
     let s = serve(
         &tb,
         &ns.name,
         "tiny",
-        serde_json::json!({"engine": {"resources": {"requests": {"memory": "100Gi"}}}}),
+        serde_json::json!({"engine": {"resources": {"requests": {"cpu": "1000", "memory": "64Mi"}}}}),
     )
     .await;
     let st = placed_as(&s.api, "tiny", "False", "Unschedulable").await;
     assert_eq!(st.stage.as_deref(), Some("Place"));
     let (_, _, m) = condition(&st, "Placed");
     assert!(
-        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient memory")
-            && m.ends_with("(a replica requests 100Gi of memory)"),
+        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient cpu")
+            && m.ends_with("(a replica requests 64Mi of memory)"),
         "{m}"
     );
 }
