@@ -1,8 +1,8 @@
 //! One verified download into `.incomplete/`: a large file comes over several Range connections
 //! at once (opened one at a time while the hash waits for bytes), one segment each, written in
-//! place; the sha256 follows the bytes as they become
-//! contiguous, reading back from the page cache what was just written rather than the whole file
-//! at the end. A ledger beside the partial file records each segment's progress, so a restart
+//! place; the sha256 follows the bytes as they become contiguous, reading back from the page
+//! cache what was just written rather than the whole file at the end, and starts their writeback
+//! to disk as it goes. A ledger beside the partial file records each segment's progress, so a restart
 //! (even SIGKILL) resumes every segment where it stopped. Size and sha256 are checked before the
 //! file moves into place.
 
@@ -94,7 +94,8 @@ pub struct Policy {
     pub retry_failed_after: Duration,
     /// Longest silence from the registry before a connection counts as stalled.
     pub read_timeout: Duration,
-    /// Range connections for one file; a file smaller than two segments uses one.
+    /// Most Range connections for one file (opened while the hash waits for bytes); a file
+    /// smaller than two segments uses one.
     pub connections: usize,
     /// Bytes one connection asks for at a time.
     pub segment: u64,
@@ -792,12 +793,12 @@ mod tests {
         count.load(Ordering::Relaxed)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_link_that_keeps_the_hash_busy_stays_on_one_connection() {
         assert_eq!(opened(4, false).await, 1);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_hash_waiting_for_bytes_opens_connections_up_to_the_most() {
         assert_eq!(opened(4, true).await, 4);
         assert_eq!(opened(2, true).await, 2);
