@@ -67,6 +67,7 @@ fn non_default_values(watch: &str, token_ns: &str) -> Vec<String> {
         "mirror.port=9000".into(),
         "mirror.connections=8".into(),
         "mirror.segmentSize=16Mi".into(),
+        "mirror.downloads=3".into(),
         "mirror.storage.size=1.5Ti".into(),
         "mirror.storage.storageClass=fast-ssd".into(),
         "mirror.nodeSelector.disk=ssd".into(),
@@ -292,6 +293,7 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
     assert_eq!(env(m, "MODELSERVE_MIRROR_ADDR"), Some("0.0.0.0:9000"));
     assert_eq!(env(m, "MODELSERVE_MIRROR_CONNECTIONS"), Some("8"));
     assert_eq!(env(m, "MODELSERVE_MIRROR_SEGMENT"), Some("16Mi"));
+    assert_eq!(env(m, "MODELSERVE_MIRROR_DOWNLOADS"), Some("3"));
     assert_eq!(
         env(m, "MODELSERVE_REGISTRY_ENDPOINT"),
         Some("https://hub.internal.example/hf")

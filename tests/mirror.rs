@@ -452,3 +452,44 @@ async fn the_mirror_exposes_prometheus_metrics() {
     }
     assert!(text.contains("modelserve_mirror_throughput_bytes_per_second"));
 }
+
+#[tokio::test]
+async fn files_beyond_the_download_limit_wait_queued_and_all_arrive() {
+    let hub = FakeHub::start().await;
+    // Six shards of 512 KiB at 2 MiB/s each: about a quarter of a second per file.
+    let files: Vec<HubFile> = (1..=6)
+        .map(|i| {
+            HubFile::with_bytes(
+                &format!("big-Q8_0-0000{i}-of-00006.gguf"),
+                bytes(512 << 10, i as u8),
+            )
+        })
+        .collect();
+    let commit = hub.add_repo("acme/Shards-GGUF", files.clone());
+    hub.throttle(2 << 20);
+    let policy = modelserve::mirror::fetch::Policy {
+        downloads: 2,
+        ..support::test_policy()
+    };
+    let (url, _dir) = support::start_mirror_with(&hub.url, policy).await;
+    let want = refs("acme/Shards-GGUF", &commit, &files);
+    let (code, _) = post(&url, &want).await;
+    assert_eq!(code, 202);
+    // While the first two download, the others say they wait.
+    let seen_queued = eventually(Duration::from_secs(5), async || {
+        let (_, v) = post(&url, &want).await;
+        let s: Status = serde_json::from_value(v).ok()?;
+        let count = |state: &str| s.files.iter().filter(|f| f.state == state).count();
+        (count("downloading") == 2 && count("queued") == 4).then_some(())
+    })
+    .await;
+    assert!(seen_queued.is_some(), "two downloading and four queued");
+    let s = settled(&url, &want).await;
+    assert!(s.files.iter().all(|f| f.state == "present"), "{s:?}");
+    assert_eq!(
+        hub.max_concurrent_downloads(),
+        2,
+        "never more than two files from the registry at once"
+    );
+    assert_eq!(hub.cdn_log().len(), 6, "each shard fetched once");
+}

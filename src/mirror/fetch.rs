@@ -99,6 +99,9 @@ pub struct Policy {
     pub connections: usize,
     /// Bytes one connection asks for at a time.
     pub segment: u64,
+    /// Files downloading at once on the whole mirror; more wait, queued. Each holds its
+    /// connections and an 8 MiB hashing buffer, so a repo of many shards stays within bounds.
+    pub downloads: usize,
 }
 
 impl Default for Policy {
@@ -111,6 +114,7 @@ impl Default for Policy {
             read_timeout: Duration::from_secs(30),
             connections: 4,
             segment: 64 << 20,
+            downloads: 8,
         }
     }
 }
@@ -173,13 +177,15 @@ impl FetchError {
     }
 }
 
-/// Downloads and verifies one file into the store; `p` follows along.
+/// Downloads and verifies one file into the store, once one of `slots` is free (queued until
+/// then); `p` follows along.
 pub async fn fetch(
     hub: &Hub,
     store: &Store,
     p: &Progress,
     policy: Policy,
     metrics: &Metrics,
+    slots: &tokio::sync::Semaphore,
 ) -> Result<(), FetchError> {
     let f = &p.file;
     let disk = |source| FetchError::Disk {
@@ -191,6 +197,11 @@ pub async fn fetch(
         p.set(State::Present);
         return Ok(());
     }
+    // Queued until a slot frees; the slot is held to the end, retries included.
+    let _slot = slots
+        .acquire()
+        .await
+        .map_err(|e| disk(std::io::Error::other(e)))?;
     let partial = store.partial(&f.sha256);
     let ledger_path = ledger_path(&partial);
     // A registry that ignores Range gets one connection, restarted from byte 0 when it breaks.

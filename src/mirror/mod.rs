@@ -42,6 +42,10 @@ pub struct Config {
     /// sha256 waits for bytes; files smaller than two segments use one.
     #[arg(long, env = "MODELSERVE_MIRROR_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub connections: u16,
+    /// Files downloading at once; more wait, queued (each holds its connections and an 8 MiB
+    /// hashing buffer).
+    #[arg(long, env = "MODELSERVE_MIRROR_DOWNLOADS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub downloads: u16,
     /// Bytes one connection asks for at a time (at least 1Mi), e.g. 64Mi.
     #[arg(long, env = "MODELSERVE_MIRROR_SEGMENT", default_value = "64Mi", value_parser = parse_segment)]
     pub segment_size: u64,
@@ -93,6 +97,8 @@ pub struct Mirror {
     endpoint: String,
     policy: Policy,
     jobs: Mutex<Jobs>,
+    /// One permit per file that may download at once (`Policy::downloads`).
+    slots: tokio::sync::Semaphore,
     pub metrics: metrics::Metrics,
 }
 
@@ -116,6 +122,7 @@ impl Mirror {
             endpoint: endpoint.into(),
             policy,
             jobs: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(policy.downloads.max(1)),
             metrics: Default::default(),
         }))
     }
@@ -166,7 +173,15 @@ impl Mirror {
             mirror.metrics.active.inc();
             let result = match Hub::new(&mirror.endpoint, token).and_then(|h| h.with_retry(retry)) {
                 Ok(hub) => {
-                    fetch::fetch(&hub, &mirror.store, &job, mirror.policy, &mirror.metrics).await
+                    fetch::fetch(
+                        &hub,
+                        &mirror.store,
+                        &job,
+                        mirror.policy,
+                        &mirror.metrics,
+                        &mirror.slots,
+                    )
+                    .await
                 }
                 Err(e) => Err(fetch::FetchError::Registry(e, job.file.path.clone())),
             };
@@ -353,6 +368,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let policy = Policy {
         connections: config.connections.into(),
         segment: config.segment_size,
+        downloads: config.downloads.into(),
         ..Policy::default()
     };
     let mirror = Mirror::new(store, &config.registry_endpoint, policy)
