@@ -32,6 +32,8 @@ pub struct Desired {
     pub status: Status,
     pub reason: String,
     pub message: String,
+    /// Whether turning to this status reports a failure (a Warning Event): a False stage does.
+    pub warning: bool,
 }
 
 impl Desired {
@@ -46,6 +48,7 @@ impl Desired {
             status,
             reason: reason.into(),
             message: message.into(),
+            warning: status == Status::False,
         }
     }
 }
@@ -112,7 +115,7 @@ pub fn set(
                 to: desired.status,
                 reason: desired.reason.clone(),
                 message,
-                warning: desired.status == Status::False,
+                warning: desired.warning,
             })
         }
         None => {
@@ -130,7 +133,7 @@ pub fn set(
                 to: desired.status,
                 reason: desired.reason.clone(),
                 message,
-                warning: desired.status == Status::False,
+                warning: desired.warning,
             })
         }
     }
@@ -157,17 +160,21 @@ pub fn ready_summary(stages: &[Desired], on_demand: Option<&str>) -> Desired {
             "OnDemand",
             on_demand.unwrap_or_default(),
         ),
-        Some(first) => Desired::new(
-            READY,
-            Status::False,
-            first.reason.clone(),
-            format!(
-                "{} is {}: {}",
-                first.type_,
-                first.status.as_str(),
-                first.message
-            ),
-        ),
+        // Ready is False all through a normal rollout; only a failed stage makes that a warning.
+        Some(first) => Desired {
+            warning: first.status == Status::False,
+            ..Desired::new(
+                READY,
+                Status::False,
+                first.reason.clone(),
+                format!(
+                    "{} is {}: {}",
+                    first.type_,
+                    first.status.as_str(),
+                    first.message
+                ),
+            )
+        },
     }
 }
 

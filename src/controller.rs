@@ -323,17 +323,13 @@ pub fn next_status(
     let generation = ms.metadata.generation;
     let mut transitions = Vec::new();
     let ready = conditions::ready_summary(&report.conditions, report.on_demand.as_deref());
-    // Ready is False all through a normal rollout; only a failed stage makes that a warning.
-    let failed = report.conditions.iter().any(|d| d.status == Status::False);
     for desired in report.conditions.iter().chain(std::iter::once(&ready)) {
-        transitions.extend(
-            conditions::set(&mut status.conditions, desired, generation, clock).map(|mut t| {
-                if t.type_ == conditions::READY {
-                    t.warning &= failed;
-                }
-                t
-            }),
-        );
+        transitions.extend(conditions::set(
+            &mut status.conditions,
+            desired,
+            generation,
+            clock,
+        ));
     }
     status.observed_generation = generation;
     status.stage = Some(

@@ -38,11 +38,17 @@ async fn create(api: &Api<ModelServe>, name: &str, repo: &str) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_model_that_fits_is_checked_with_its_build_and_memory() {
-    let tb = Testbed::get();
+/// A namespace whose operator reads acme/Small-GGUF (a tiny llama) from a fake Hub.
+struct SmallModel<'a> {
+    api: Api<ModelServe>,
+    _op: Operator,
+    _hub: FakeHub,
+    _ns: support::Namespace<'a>,
+}
+
+async fn small_model<'a>(tb: &'a Testbed, prefix: &str) -> SmallModel<'a> {
     tb.install_crd();
-    let ns = tb.namespace("check");
+    let ns = tb.namespace(prefix);
     let hub = FakeHub::start().await;
     hub.add_repo(
         "acme/Small-GGUF",
@@ -51,10 +57,23 @@ async fn a_model_that_fits_is_checked_with_its_build_and_memory() {
             Dense::tiny("llama").gguf(),
         )],
     );
-    let _op = Operator::start(&tb, &ns.name, &hub.url);
+    let op = Operator::start(tb, &ns.name, &hub.url);
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
-    create(&api, "small", "acme/Small-GGUF").await;
-    let s = checked_as(&api, "small", "True").await;
+    SmallModel {
+        api,
+        _op: op,
+        _hub: hub,
+        _ns: ns,
+    }
+}
+
+#[tokio::test]
+async fn a_model_that_fits_is_checked_with_its_build_and_memory() {
+    let tb = Testbed::get();
+    let bed = small_model(&tb, "check").await;
+    let api = &bed.api;
+    create(api, "small", "acme/Small-GGUF").await;
+    let s = checked_as(api, "small", "True").await;
     let c = s.check.clone().unwrap();
     assert_eq!(c.architecture.as_deref(), Some("llama"));
     assert_eq!(c.engine_build.as_deref(), Some("b10587"));
@@ -123,18 +142,8 @@ async fn a_model_bigger_than_every_node_stops_before_mirroring() {
 #[tokio::test]
 async fn the_memory_a_user_requests_is_what_must_fit_on_a_node() {
     let tb = Testbed::get();
-    tb.install_crd();
-    let ns = tb.namespace("asked");
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/Small-GGUF",
-        vec![HubFile::with_bytes(
-            "small-Q4_K_M.gguf",
-            Dense::tiny("llama").gguf(),
-        )],
-    );
-    let _op = Operator::start(&tb, &ns.name, &hub.url);
-    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let bed = small_model(&tb, "asked").await;
+    let api = &bed.api;
     // A tiny model, but its pods would ask for more than the largest node has.
     let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({
         "repo": "acme/Small-GGUF",
@@ -144,7 +153,7 @@ async fn the_memory_a_user_requests_is_what_must_fit_on_a_node() {
     api.create(&PostParams::default(), &ModelServe::new("asks", spec))
         .await
         .unwrap();
-    let s = checked_as(&api, "asks", "False").await;
+    let s = checked_as(api, "asks", "False").await;
     let (_, reason, message) = condition(&s, "Checked");
     assert_eq!(reason, "NoNodeFits");
     assert!(
@@ -163,7 +172,7 @@ async fn the_memory_a_user_requests_is_what_must_fit_on_a_node() {
     )
     .await
     .unwrap();
-    let s = checked_as(&api, "asks", "True").await;
+    let s = checked_as(api, "asks", "True").await;
     let (_, _, message) = condition(&s, "Checked");
     assert!(
         message.contains("engine.resources asks for 1.0 MiB per replica")

@@ -7,7 +7,7 @@ use std::time::Duration;
 use modelserve::mirror::store::FileRef;
 use modelserve::mirror::{Request, Status};
 use support::fake_hub::{FakeHub, HubFile};
-use support::{eventually, start_mirror};
+use support::{eventually, file_refs as refs, start_mirror};
 
 struct Running {
     url: String,
@@ -22,19 +22,6 @@ async fn mirror(hub: &FakeHub) -> Running {
 fn bytes(n: usize, seed: u8) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
-
-fn refs(repo: &str, commit: &str, files: &[HubFile]) -> Vec<FileRef> {
-    files
-        .iter()
-        .map(|f| FileRef {
-            repo: repo.into(),
-            commit: commit.into(),
-            path: f.path.clone(),
-            sha256: f.sha256.clone(),
-            size: f.size,
-        })
         .collect()
 }
 

@@ -51,13 +51,7 @@ async fn a_mirror_killed_at_half_of_a_1_gib_file_resumes_after_restart() {
     let commit = hub.add_repo("acme/Big-GGUF", vec![f.clone()]);
     // Four connections of 64 MiB/s each: about four seconds for the whole file.
     hub.throttle(64 << 20);
-    let file = FileRef {
-        repo: "acme/Big-GGUF".into(),
-        commit,
-        path: f.path.clone(),
-        sha256: f.sha256.clone(),
-        size: f.size,
-    };
+    let file = support::file_refs("acme/Big-GGUF", &commit, std::slice::from_ref(&f)).remove(0);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut mirror = start_mirror(dir.path(), port, &hub.url);
@@ -155,16 +149,7 @@ async fn a_volume_that_fills_up_during_downloads_fails_clearly_and_serves_nothin
         .collect();
     let commit = hub.add_repo("acme/Full-GGUF", files.clone());
     hub.throttle(8 << 20);
-    let refs: Vec<FileRef> = files
-        .iter()
-        .map(|f| FileRef {
-            repo: "acme/Full-GGUF".into(),
-            commit: commit.clone(),
-            path: f.path.clone(),
-            sha256: f.sha256.clone(),
-            size: f.size,
-        })
-        .collect();
+    let refs = support::file_refs("acme/Full-GGUF", &commit, &files);
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut mirror = start_mirror_on_small_volume(dir.path(), 40, port, &hub.url);

@@ -86,6 +86,18 @@ impl Bed<'_> {
         }
     }
 
+    /// `kubectl scale modelserve/NAME --replicas=N`, as a user scales it.
+    fn scale(&self, name: &str, replicas: i32) {
+        let scaled = self.tb.kubectl(&[
+            "scale",
+            &format!("modelserve/{name}"),
+            &format!("--replicas={replicas}"),
+            "-n",
+            &self.ns.name,
+        ]);
+        assert!(scaled.status.success(), "{scaled:?}");
+    }
+
     async fn pods(&self, name: &str) -> Vec<Pod> {
         let pods: Api<Pod> = Api::namespaced(self.tb.client().await, &self.ns.name);
         pods.list(&ListParams::default().labels(&format!("modelserve.dev/model={name}")))
@@ -259,14 +271,7 @@ async fn zero_replicas_is_ready_on_demand_and_a_scale_up_places_and_smoke_tests(
     assert_eq!(condition(&s, "Cataloged").0, "True");
     assert!(b.pods("later").await.is_empty(), "no pod while on demand");
 
-    let scaled = b.tb.kubectl(&[
-        "scale",
-        "modelserve/later",
-        "--replicas=1",
-        "-n",
-        &b.ns.name,
-    ]);
-    assert!(scaled.status.success(), "{scaled:?}");
+    b.scale("later", 1);
     let s = b.until("later", "SmokeTested", "True", 240).await;
     assert_eq!(condition(&s, "Placed").0, "True");
     assert!(s.smoke.is_some());
@@ -274,14 +279,7 @@ async fn zero_replicas_is_ready_on_demand_and_a_scale_up_places_and_smoke_tests(
     assert_ne!(condition(&s, "Ready").1, "OnDemand");
 
     // Back to zero: on demand again, and no word of a replica that is gone.
-    let scaled = b.tb.kubectl(&[
-        "scale",
-        "modelserve/later",
-        "--replicas=0",
-        "-n",
-        &b.ns.name,
-    ]);
-    assert!(scaled.status.success(), "{scaled:?}");
+    b.scale("later", 0);
     let s = b.until("later", "Placed", "Unknown", 60).await;
     assert_eq!(condition(&s, "Placed").1, "OnDemand");
     assert_eq!(condition(&s, "Ready").1, "OnDemand");

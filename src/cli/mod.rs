@@ -10,6 +10,22 @@ pub mod watch;
 
 use std::process::ExitCode;
 
+/// Which model of the registry a command is about: flags `serve` and `plan` share.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Target {
+    /// Repository on the registry, as owner/name (for example bartowski/Qwen2.5-7B-Instruct-GGUF).
+    pub repo: String,
+    /// Quantisation to serve (default Q4_K_M), matched as a whole token of the file names.
+    #[arg(long, conflicts_with = "file")]
+    pub quant: Option<String>,
+    /// A GGUF file path or shard-set name to serve instead of choosing by quant.
+    #[arg(long)]
+    pub file: Option<String>,
+    /// Branch, tag or commit (default main); pinned to a commit once resolved.
+    #[arg(long)]
+    pub revision: Option<String>,
+}
+
 /// How a command prints its result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Output {

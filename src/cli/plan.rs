@@ -11,17 +11,8 @@ use crate::units::human_bytes;
 /// Flags of `modelserve plan`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// Repository on the registry, as owner/name.
-    pub repo: String,
-    /// Quant to choose (default Q4_K_M).
-    #[arg(long, conflicts_with = "file")]
-    pub quant: Option<String>,
-    /// A file path or shard-set name instead of a quant.
-    #[arg(long)]
-    pub file: Option<String>,
-    /// Branch, tag or commit (default main).
-    #[arg(long)]
-    pub revision: Option<String>,
+    #[command(flatten)]
+    pub target: super::Target,
     /// Registry endpoint (like HF_ENDPOINT).
     #[arg(long, env = "HF_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
     pub endpoint: String,
@@ -48,7 +39,8 @@ pub struct Args {
 /// Runs the plan and prints it; Err carries the one-line failure.
 pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
     let spec: ModelServeSpec = serde_json::from_value(serde_json::json!({
-        "repo": args.repo, "quant": args.quant, "file": args.file, "revision": args.revision,
+        "repo": args.target.repo, "quant": args.target.quant, "file": args.target.file,
+        "revision": args.target.revision,
         "contextSize": args.context_size, "contextLength": args.context_length,
     }))
     .map_err(|e| format!("invalid arguments: {e}"))?;

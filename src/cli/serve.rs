@@ -14,17 +14,8 @@ pub const FIELD_MANAGER: &str = "modelserve-cli";
 /// Flags of `modelserve serve`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
-    /// Repository on the registry, as owner/name (for example bartowski/Qwen2.5-7B-Instruct-GGUF).
-    pub repo: String,
-    /// Quantisation to serve (default Q4_K_M), matched as a whole token of the file names.
-    #[arg(long, conflicts_with = "file")]
-    pub quant: Option<String>,
-    /// A GGUF file path or shard-set name to serve instead of choosing by quant.
-    #[arg(long)]
-    pub file: Option<String>,
-    /// Branch, tag or commit (default main); pinned to a commit once resolved.
-    #[arg(long)]
-    pub revision: Option<String>,
+    #[command(flatten)]
+    pub target: super::Target,
     /// Name of the ModelServe (default: from the repository, e.g. qwen2-5-7b-instruct).
     #[arg(long)]
     pub name: Option<String>,
@@ -62,8 +53,8 @@ pub struct Args {
 
 /// Applies the ModelServe and, unless detached, follows it to a verdict.
 pub async fn run(args: Args) -> Result<(), Failure> {
-    crate::hub::check_repo(&args.repo).map_err(|e| Failure::usage(e.to_string()))?;
-    if let Some(rev) = &args.revision {
+    crate::hub::check_repo(&args.target.repo).map_err(|e| Failure::usage(e.to_string()))?;
+    if let Some(rev) = &args.target.revision {
         crate::hub::check_revision(rev).map_err(|e| Failure::usage(e.to_string()))?;
     }
     if let (Some(size), Some(len)) = (args.context_size, args.context_length)
@@ -75,7 +66,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     }
     let name = match &args.name {
         Some(n) => check_name(n).map(|()| n.clone())?,
-        None => object_name(&args.repo),
+        None => object_name(&args.target.repo),
     };
     let cluster = cluster::connect().await?;
     let (namespace, api) = cluster.models(args.namespace.as_deref()).await?;
@@ -85,11 +76,11 @@ pub async fn run(args: Args) -> Result<(), Failure> {
         .await
         .map_err(|e| cluster.explain(e, &format!("read ModelServe {namespace}/{name}")))?;
     if let Some(old) = &before
-        && old.spec.repo != args.repo
+        && old.spec.repo != args.target.repo
     {
         return Err(Failure::new(format!(
             "ModelServe {namespace}/{name} already serves {}; choose another --name to serve {}",
-            old.spec.repo, args.repo
+            old.spec.repo, args.target.repo
         )));
     }
     let applied = api
@@ -119,7 +110,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
             }
             Output::Text => println!(
                 "ModelServe {namespace}/{name} {verb} ({}); follow it with `{hint}`",
-                args.repo
+                args.target.repo
             ),
         }
         return Ok(());
@@ -128,7 +119,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     let mut display = Display::for_output(args.output);
     display.line(&format!(
         "ModelServe {namespace}/{name} {verb} ({}); Ctrl-C stops watching, not the model",
-        args.repo
+        args.target.repo
     ));
     let outcome = watch::follow(&api, &name, generation, &mut display, args.timeout).await;
     watch::conclude(
@@ -145,15 +136,15 @@ pub async fn run(args: Args) -> Result<(), Failure> {
 /// a field left out on a later run returns to its default.
 pub fn manifest(args: &Args, name: &str) -> serde_json::Value {
     let mut spec = serde_json::Map::new();
-    spec.insert("repo".into(), args.repo.clone().into());
+    spec.insert("repo".into(), args.target.repo.clone().into());
     let mut set = |key: &str, value: Option<serde_json::Value>| {
         if let Some(v) = value {
             spec.insert(key.into(), v);
         }
     };
-    set("quant", args.quant.clone().map(Into::into));
-    set("file", args.file.clone().map(Into::into));
-    set("revision", args.revision.clone().map(Into::into));
+    set("quant", args.target.quant.clone().map(Into::into));
+    set("file", args.target.file.clone().map(Into::into));
+    set("revision", args.target.revision.clone().map(Into::into));
     let replicas = if args.on_demand {
         Some(0)
     } else {

@@ -298,22 +298,30 @@ impl Drop for Operator {
     }
 }
 
+/// What the mirror is asked for to fetch `files` of `repo` at `commit`.
+pub fn file_refs(
+    repo: &str,
+    commit: &str,
+    files: &[fake_hub::HubFile],
+) -> Vec<modelserve::mirror::store::FileRef> {
+    files
+        .iter()
+        .map(|f| modelserve::mirror::store::FileRef {
+            repo: repo.into(),
+            commit: commit.into(),
+            path: f.path.clone(),
+            sha256: f.sha256.clone(),
+            size: f.size,
+        })
+        .collect()
+}
+
 /// Has the mirror at `mirror` fetch `files` of `repo` at `commit` from its registry, as the
 /// Mirror stage does, and waits until every one is present.
 pub async fn mirror_present(mirror: &str, repo: &str, commit: &str, files: &[fake_hub::HubFile]) {
-    use modelserve::mirror::store::FileRef;
     use modelserve::mirror::{Request, Status};
     let req = Request {
-        files: files
-            .iter()
-            .map(|f| FileRef {
-                repo: repo.into(),
-                commit: commit.into(),
-                path: f.path.clone(),
-                sha256: f.sha256.clone(),
-                size: f.size,
-            })
-            .collect(),
+        files: file_refs(repo, commit, files),
         token: None,
     };
     let done = eventually(Duration::from_secs(30), async || {
