@@ -10,6 +10,8 @@ pub mod mirror;
 pub mod naming;
 pub mod pipeline;
 pub mod pull;
+pub mod retry;
+pub mod secret;
 pub mod telemetry;
 pub mod units;
 
