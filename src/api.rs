@@ -371,6 +371,10 @@ pub struct CheckStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct MirrorStatus {
+    /// The file set this progress is for (a digest of the commit and every file's sha256);
+    /// a Mirrored condition holds for this set only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
     /// Bytes present and verified on the mirror.
     pub bytes_done: i64,
     /// Bytes of the whole set.

@@ -151,13 +151,13 @@ pub fn ready_summary(stages: &[Desired], on_demand: Option<&str>) -> Desired {
         None => Desired::new(
             READY,
             Status::True,
-            "AllStagesDone",
+            ALL_STAGES_DONE,
             "every stage is done; the model answers",
         ),
         Some(_) if on_demand.is_some() => Desired::new(
             READY,
             Status::True,
-            "OnDemand",
+            ON_DEMAND,
             on_demand.unwrap_or_default(),
         ),
         // Ready is False all through a normal rollout; only a failed stage makes that a warning.
@@ -180,21 +180,25 @@ pub fn ready_summary(stages: &[Desired], on_demand: Option<&str>) -> Desired {
 
 /// Type of the summary condition.
 pub const READY: &str = "Ready";
+/// Ready's reason when every stage is done.
+pub const ALL_STAGES_DONE: &str = "AllStagesDone";
+/// Ready's reason when replicas is 0 and the pipeline ended after Catalog on purpose.
+pub const ON_DEMAND: &str = "OnDemand";
+/// The reasons Ready has of its own (otherwise it carries the first unfinished stage's).
+pub const READY_REASONS: [&str; 2] = [ALL_STAGES_DONE, ON_DEMAND];
 
 // metav1.Time serialises whole seconds; keeping only those makes a round trip compare equal.
 fn seconds(t: Timestamp) -> Time {
     Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
 }
 
-fn truncate(s: &str, max: usize) -> String {
+/// At most `max` bytes of `s`, cut on a char boundary, marked when cut.
+pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    let end = (0..=max).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+    format!("{}…", s.get(..end).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
-//! Human-readable sizes.
+//! Units people read and write: byte sizes, Kubernetes quantities, durations, and the short
+//! digests the operator stamps on what it applies.
+
+use std::time::Duration;
 
 /// Bytes in binary units with one decimal: `4.4 GiB`, `512 B`.
 pub fn human_bytes(n: u64) -> String {
@@ -61,9 +64,66 @@ pub fn parse_quantity(q: &str) -> Option<u64> {
     (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
 }
 
+/// A duration as people write it in flags: `90s`, `5m`, `1h30m`, `250ms`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration such as 90s, 5m or 1h30m");
+    let t = s.trim();
+    if t.is_empty() || t.starts_with('-') {
+        return Err(bad());
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t.parse().map(Duration::from_secs).map_err(|_| bad());
+    }
+    humantime::parse_duration(t).map_err(|_| bad())
+}
+
+/// A duration as a person reads it in a message: `1m30s`, `30m`, `2h`.
+pub fn human_duration(d: Duration) -> String {
+    let whole = Duration::from_secs(d.as_secs());
+    if whole.is_zero() {
+        return "0s".into();
+    }
+    humantime::format_duration(whole).to_string().replace(' ', "")
+}
+
+/// A short, stable digest of `bytes` (16 hex characters of SHA-256), for annotations and keys
+/// that say "this is what was applied" without carrying the thing itself.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(bytes)[..8])
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{gi_quantity, human_bytes, parse_quantity};
+    use super::*;
+
+    #[test]
+    fn durations_parse_as_flags_write_them() {
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("30m"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        for bad in ["", "m", "5x", "-3s", "5m3"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+        assert!(parse_duration("soon").unwrap_err().contains("90s"));
+    }
+
+    #[test]
+    fn durations_read_without_spaces() {
+        assert_eq!(human_duration(Duration::from_secs(90)), "1m30s");
+        assert_eq!(human_duration(Duration::from_secs(1800)), "30m");
+        assert_eq!(human_duration(Duration::from_millis(400)), "0s");
+        assert_eq!(human_duration(Duration::from_secs(7200)), "2h");
+    }
+
+    #[test]
+    fn digests_are_short_and_stable() {
+        assert_eq!(digest(b"abc"), "ba7816bf8f01cfea");
+        assert_ne!(digest(b"abc"), digest(b"abd"));
+    }
 
     #[test]
     fn quantities_parse_in_every_suffix() {

@@ -8,13 +8,14 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeSpec, ModelServeStatus};
 use modelserve::pipeline::Outcome;
-use modelserve::pipeline::place::{Decision, Limits, decide, observe};
+use modelserve::pipeline::place::{Decision, Limits, Observed, decide};
 use support::fake_hub::{FakeHub, HubFile};
 use support::models::Dense;
 use support::{Operator, Testbed, condition, eventually, start_mirror};
@@ -69,21 +70,29 @@ fn deployment(name: &str, memory: &str) -> Deployment {
 }
 
 fn reason(o: &Outcome) -> &str {
-    match o {
-        Outcome::Done { reason, .. }
-        | Outcome::Waiting { reason, .. }
-        | Outcome::Failed { reason, .. } => reason,
-        Outcome::NotImplemented => "NotImplemented",
-    }
+    o.reason()
 }
 
 fn message(o: &Outcome) -> &str {
-    match o {
-        Outcome::Done { message, .. }
-        | Outcome::Waiting { message, .. }
-        | Outcome::Failed { message, .. } => message,
-        Outcome::NotImplemented => "",
-    }
+    o.message()
+}
+
+/// What the Place stage's cache would hold for the model `name`, read from the API server.
+async fn observe(client: &kube::Client, ns: &str, name: &str) -> Result<Observed, kube::Error> {
+    let lp = ListParams::default().labels(&format!("modelserve.dev/model={name}"));
+    Ok(Observed {
+        deployment: Api::<Deployment>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?,
+        replica_sets: Api::<ReplicaSet>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await?
+            .items,
+        pods: Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&lp)
+            .await?
+            .items,
+    })
 }
 
 /// Creates the Deployment in a fresh namespace named `prefix-...` and runs the stage's decision
@@ -158,7 +167,10 @@ async fn a_replica_bigger_than_every_node_is_unschedulable_in_the_schedulers_wor
     );
     assert!(m.ends_with("(a replica requests 100Gi of memory)"), "{m}");
     assert!(
-        matches!(d.outcome, Outcome::Failed { retry: Some(_), .. }),
+        matches!(d.outcome, Outcome::Failed {
+                recovery: modelserve::pipeline::Recovery::Heals(_),
+                ..
+            }),
         "a node may be added: retried, not permanent"
     );
     assert_eq!(d.placement, None);

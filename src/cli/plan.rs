@@ -5,7 +5,8 @@ use std::io::Write;
 use crate::api::{CheckStatus, ModelServe, ModelServeSpec};
 use crate::cli::Output;
 use crate::hub::Hub;
-use crate::pipeline::{Outcome, check, resolve};
+use crate::pipeline::check::CheckFailure;
+use crate::pipeline::{Failure, check, resolve};
 use crate::units::human_bytes;
 
 /// Flags of `modelserve plan`.
@@ -131,35 +132,16 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
     }
 }
 
-fn outcome_text(o: &Outcome) -> String {
-    match o {
-        Outcome::Failed {
-            reason, message, ..
-        }
-        | Outcome::Waiting {
-            reason, message, ..
-        } => format!("{message} ({reason})"),
-        Outcome::Done { message, .. } => message.clone(),
-        Outcome::NotImplemented => "not built".into(),
-    }
+fn outcome_text(f: &CheckFailure) -> String {
+    format!("{f} ({})", f.reason())
 }
 
-fn outcome_json(o: &Outcome) -> serde_json::Value {
-    match o {
-        Outcome::Failed {
-            reason, message, ..
-        }
-        | Outcome::Waiting {
-            reason, message, ..
-        } => {
-            serde_json::json!({ "error": { "reason": reason, "message": message } })
-        }
-        _ => serde_json::Value::Null,
-    }
+fn outcome_json(f: &CheckFailure) -> serde_json::Value {
+    serde_json::json!({ "error": { "reason": f.reason(), "message": f.to_string() } })
 }
 
 /// The plan fails when the check says the model cannot be served.
-fn check_result(checked: &Option<Result<CheckStatus, Outcome>>) -> Result<(), String> {
+fn check_result(checked: &Option<Result<CheckStatus, CheckFailure>>) -> Result<(), String> {
     match checked {
         Some(Err(o)) => Err(outcome_text(o)),
         _ => Ok(()),

@@ -176,7 +176,7 @@ pub fn manifest(args: &Args, name: &str) -> serde_json::Value {
 /// also names the model's Deployment and Service (`bartowski/Qwen2.5-7B-Instruct-GGUF` becomes
 /// `qwen2-5-7b-instruct`).
 pub fn object_name(repo: &str) -> String {
-    let served = crate::naming::served_name(repo);
+    let served = crate::names::served_name(repo);
     let mut out = String::with_capacity(served.len() + 2);
     for c in served.chars() {
         let c = if c.is_ascii_lowercase() || c.is_ascii_digit() {

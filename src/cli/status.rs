@@ -359,6 +359,7 @@ mod tests {
                 served_name: "tiny".into(),
             }),
             mirror: Some(MirrorStatus {
+                request: None,
                 bytes_done: 1 << 20,
                 bytes_total: 2 << 20,
                 percent: 50,

@@ -763,6 +763,7 @@ mod tests {
                 &[("True", "a"), ("True", "b"), ("Unknown", "Mirroring")],
             );
             ms.status.as_mut().unwrap().mirror = Some(MirrorStatus {
+                request: None,
                 bytes_done: done,
                 bytes_total: 10 << 20,
                 percent: (done * 100 / (10 << 20)) as i32,

@@ -6,21 +6,26 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Api, ResourceExt};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::Outcome;
-use super::catalog::{KEY_FIELD, secret_name};
+use super::catalog::apply::key_of;
+use super::env::Env;
+use super::outcome::{Failure, Outcome, Progress, Recovery};
 use crate::api::{ModelServe, ModelServeStatus, PlacementStatus, SmokeStatus};
-use crate::controller::Context;
+use crate::names::{secret_name, served_name_of};
 
 /// Longest wait for one answer: a few dozen tokens on a CPU.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a ready replica may refuse connections or still be loading before that is a failure.
-const UNREACHABLE_ATTEMPTS: u32 = 60;
+const UNREACHABLE_AFTER: Duration = Duration::from_secs(300);
 const RETRY: Duration = Duration::from_secs(5);
+/// When a replica that answered wrongly is asked again.
+const RETRY_FAILED: Duration = Duration::from_secs(60);
+/// The most of an answer read into memory.
+const MAX_ANSWER: usize = 1 << 20;
 
 /// What one call of the replica came to.
 #[derive(Debug, PartialEq)]
@@ -32,99 +37,121 @@ pub enum Answer {
     Wrong(String),
 }
 
+/// Why the smoke test did not pass.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+pub enum SmokeFailure {
+    #[error("{pod} at {address} did not answer for {secs} s although ready: {why}")]
+    Unreachable {
+        pod: String,
+        address: String,
+        secs: u64,
+        why: String,
+    },
+    #[error("{pod} at {address}: {why}")]
+    SmokeTestFailed {
+        pod: String,
+        address: String,
+        why: String,
+    },
+    #[error("{0}")]
+    EngineKeyMissing(String),
+}
+
+impl Failure for SmokeFailure {
+    fn reason(&self) -> &'static str {
+        self.into()
+    }
+
+    fn recovery(&self) -> Recovery {
+        match self {
+            // The Catalog stage of the same reconcile makes it again.
+            SmokeFailure::EngineKeyMissing(_) => Recovery::TRANSIENT,
+            _ => Recovery::Heals(RETRY_FAILED),
+        }
+    }
+}
+
 /// Runs the smoke test once per ready pod.
-pub async fn run(ctx: &Context, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
+pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
     let spec = ms.spec.smoke_test();
     if !spec.enabled {
         status.smoke = None;
-        return Outcome::Done {
-            reason: "Skipped".into(),
-            message: "smokeTest.enabled is false".into(),
-        };
+        return Outcome::done(Progress::Skipped, "smokeTest.enabled is false");
     }
     let Some(place) = status.placement.clone() else {
-        return Outcome::Waiting {
-            reason: "WaitingForPlace".into(),
-            message: "no ready replica yet".into(),
-            after: RETRY,
-        };
+        return Outcome::waiting(Progress::WaitingForPlace, "no ready replica yet", RETRY);
     };
     if let Some(done) = &status.smoke
         && done.uid.is_some()
         && done.uid == place.uid
     {
-        return Outcome::Done {
-            reason: "Answered".into(),
-            message: summary(done),
-        };
+        return Outcome::done(Progress::Answered, summary(done));
     }
     let ns = ms.namespace().unwrap_or_else(|| "default".into());
-    let key = match engine_key(ctx, &ns, &secret_name(ms)).await {
+    let key = match engine_key(env, &ns, &secret_name(ms)) {
         Ok(k) => k,
-        Err(message) => {
-            return Outcome::Waiting {
-                reason: "EngineKeyMissing".into(),
-                message,
-                after: RETRY,
-            };
-        }
+        Err(message) => return Outcome::failed(&SmokeFailure::EngineKeyMissing(message)),
     };
-    let served = status
-        .resolved
-        .as_ref()
-        .map_or_else(|| ms.name_any(), |r| r.served_name.clone());
-    let retry_key = format!("smoke/{ns}/{}/{}", ms.name_any(), place.pod);
-    match call(
-        &ctx.http,
-        &place,
-        &key,
-        &served,
-        &spec.prompt,
-        spec.max_tokens,
-    )
-    .await
-    {
+    let served = served_name_of(&ms.spec);
+    match call(&env.http, &place, &key, &served, &spec.prompt, spec.max_tokens).await {
         Answer::Reply(mut smoke) => {
-            ctx.retries.reset(&retry_key).await;
-            smoke.at = Some(Time(ctx.clock.now()));
+            smoke.at = Some(Time(env.clock.now()));
             let message = summary(&smoke);
-            ctx.metrics.smoke_tokens_per_second(smoke.tokens_per_second);
             status.smoke = Some(smoke);
-            Outcome::Done {
-                reason: "Answered".into(),
-                message,
-            }
+            Outcome::done(Progress::Answered, message)
         }
         Answer::NotYet(why) => {
-            let attempt = ctx.retries.bump(&retry_key).await;
-            if attempt >= UNREACHABLE_ATTEMPTS {
-                ctx.retries.reset(&retry_key).await;
-                return Outcome::Failed {
-                    reason: "Unreachable".into(),
-                    message: format!(
-                        "{} at {} did not answer for {} s although ready: {why}",
-                        place.pod,
-                        place.address,
-                        UNREACHABLE_ATTEMPTS as u64 * RETRY.as_secs()
-                    ),
-                    retry: Some(Duration::from_secs(60)),
-                };
+            let since = ready_since(env, &ns, &place);
+            let waited = since.map_or(Duration::ZERO, |t| {
+                Duration::from_secs(
+                    env.clock
+                        .now()
+                        .as_second()
+                        .saturating_sub(t.as_second())
+                        .max(0) as u64,
+                )
+            });
+            if waited >= UNREACHABLE_AFTER {
+                return Outcome::failed(&SmokeFailure::Unreachable {
+                    pod: place.pod.clone(),
+                    address: place.address.clone(),
+                    secs: waited.as_secs(),
+                    why,
+                });
             }
-            Outcome::Waiting {
-                reason: "Asking".into(),
-                message: format!(
+            Outcome::waiting(
+                Progress::Asking,
+                format!(
                     "{} at {} is not answering yet: {why}",
                     place.pod, place.address
                 ),
-                after: RETRY,
-            }
+                RETRY,
+            )
         }
-        Answer::Wrong(message) => Outcome::Failed {
-            reason: "SmokeTestFailed".into(),
-            message: format!("{} at {}: {message}", place.pod, place.address),
-            retry: Some(Duration::from_secs(60)),
-        },
+        Answer::Wrong(why) => Outcome::failed(&SmokeFailure::SmokeTestFailed {
+            pod: place.pod.clone(),
+            address: place.address.clone(),
+            why,
+        }),
     }
+}
+
+/// When the placed pod last turned Ready, from the cache.
+fn ready_since(env: &Env, namespace: &str, place: &PlacementStatus) -> Option<Timestamp> {
+    let model = env
+        .cache
+        .pods
+        .get(&kube::runtime::reflector::ObjectRef::new(&place.pod).within(namespace))?;
+    model
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
 }
 
 fn summary(s: &SmokeStatus) -> String {
@@ -139,20 +166,13 @@ fn summary(s: &SmokeStatus) -> String {
     )
 }
 
-async fn engine_key(ctx: &Context, ns: &str, name: &str) -> Result<String, String> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = secrets
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading Secret {name}: {e}"))?
-        .ok_or_else(|| {
-            format!("the engine-key Secret {name} is gone; the Catalog stage makes it again")
-        })?;
-    let bytes = secret
-        .data
-        .and_then(|mut d| d.remove(KEY_FIELD))
-        .ok_or_else(|| format!("Secret {name} has no key {KEY_FIELD:?}"))?;
-    String::from_utf8(bytes.0)
+/// The engine key from the cached engine-key Secret.
+fn engine_key(env: &Env, ns: &str, name: &str) -> Result<String, String> {
+    let secret = env.cache.secret(ns, name).ok_or_else(|| {
+        format!("the engine-key Secret {name} is gone; the Catalog stage makes it again")
+    })?;
+    let bytes = key_of(&secret).ok_or_else(|| format!("Secret {name} has no key"))?;
+    std::str::from_utf8(bytes)
         .map(|k| k.trim().to_string())
         .map_err(|_| format!("Secret {name}: the key is not text"))
 }
@@ -189,9 +209,10 @@ pub async fn call(
         Err(e) => return Answer::NotYet(cause(&e)),
     };
     let code = resp.status();
-    let text = match resp.text().await {
-        Ok(t) => t,
-        Err(e) => return Answer::NotYet(format!("the answer broke off: {}", cause(&e))),
+    let text = match crate::http::read_capped(resp, MAX_ANSWER).await {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e @ crate::http::BodyError::TooLarge { .. }) => return Answer::Wrong(e.to_string()),
+        Err(e) => return Answer::NotYet(format!("the answer broke off: {e}")),
     };
     let elapsed = started.elapsed();
     // 503 is llama-server still loading the model.

@@ -6,21 +6,84 @@
 
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::{Api, ResourceExt};
-
-use super::Outcome;
+use super::env::Env;
+use super::outcome::{Failure, Outcome, Progress, Recovery, RunFailure};
+use super::token::{self, TokenFailure};
 use crate::api::{ModelServe, ModelServeSpec, ResolvedFile, ResolvedStatus};
 use crate::conditions;
-use crate::controller::Context;
-use crate::hub::select::{self, FileSet, Want};
+use crate::hub::select::{self, FileSet, SelectError, Want};
 use crate::hub::{Hub, HubError};
-use crate::naming::served_name;
+use crate::names::served_name_of;
 use crate::units::human_bytes;
 
-/// Reasons of a False Resolved condition that are worth checking again without a spec change.
-const RECHECKED: [&str; 2] = ["TokenSecretMissing", "KubernetesApiError"];
+/// How often a gated repository whose access request is pending is asked again.
+pub const RECHECK_APPROVAL: Duration = Duration::from_secs(600);
+
+/// Why Resolve could not choose a set.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveFailure {
+    #[error(transparent)]
+    Registry(#[from] HubError),
+    #[error(transparent)]
+    Selection(#[from] SelectError),
+    #[error(transparent)]
+    Token(#[from] TokenFailure),
+}
+
+impl Failure for ResolveFailure {
+    fn reason(&self) -> &'static str {
+        match self {
+            ResolveFailure::Registry(e) => e.reason(),
+            ResolveFailure::Selection(e) => e.reason(),
+            ResolveFailure::Token(e) => e.reason(),
+        }
+    }
+
+    fn recovery(&self) -> Recovery {
+        match self {
+            ResolveFailure::Registry(e) => registry_recovery(e),
+            ResolveFailure::Selection(_) => Recovery::SpecChange,
+            ResolveFailure::Token(e) => e.recovery(),
+        }
+    }
+}
+
+/// How a registry failure gets better: transient ones by backoff (not before a rate limit
+/// resets), a pending access request by itself, the rest by a spec change.
+pub fn registry_recovery(e: &HubError) -> Recovery {
+    match e {
+        HubError::RateLimited { retry_after } => Recovery::Transient {
+            at_least: *retry_after,
+        },
+        HubError::GatedNotApproved { .. } => Recovery::Heals(RECHECK_APPROVAL),
+        e if e.is_transient() => Recovery::TRANSIENT,
+        _ => Recovery::SpecChange,
+    }
+}
+
+/// Reasons of a False Resolved condition that something other than a spec change can fix: the
+/// stage runs again for these; for every other reason it waits for a new generation.
+pub fn recovers_without_spec_change(reason: &str) -> bool {
+    let registry = [
+        HubError::RateLimited {
+            retry_after: Duration::ZERO,
+        },
+        HubError::GatedNotApproved {
+            repo: String::new(),
+            url: String::new(),
+        },
+        HubError::Unavailable {
+            cause: String::new(),
+            attempts: 0,
+        },
+        HubError::Malformed {
+            what: String::new(),
+        },
+    ];
+    registry.iter().any(|e| e.reason() == reason)
+        || <TokenFailure as strum::VariantNames>::VARIANTS.contains(&reason)
+        || <RunFailure as strum::VariantNames>::VARIANTS.contains(&reason)
+}
 
 /// What the spec asks to resolve, as recorded in status.resolved.request.
 pub fn request(spec: &ModelServeSpec) -> String {
@@ -30,7 +93,8 @@ pub fn request(spec: &ModelServeSpec) -> String {
     }
 }
 
-/// The pure part: does status already answer this spec, or did it fail for this generation?
+/// The pure part: does status already answer this spec, or did it fail for good for this
+/// generation?
 pub fn settled(ms: &ModelServe) -> Option<Outcome> {
     let status = ms.status.as_ref()?;
     if let Some(r) = status
@@ -43,13 +107,13 @@ pub fn settled(ms: &ModelServe) -> Option<Outcome> {
     let c = conditions::get(&status.conditions, "Resolved")?;
     let same_generation =
         c.observed_generation.is_some() && c.observed_generation == ms.metadata.generation;
-    (c.status == "False" && same_generation && !RECHECKED.contains(&c.reason.as_str())).then(|| {
-        Outcome::Failed {
+    (c.status == "False" && same_generation && !recovers_without_spec_change(&c.reason)).then(
+        || Outcome::Failed {
             reason: c.reason.clone(),
             message: c.message.clone(),
-            retry: None,
-        }
-    })
+            recovery: Recovery::SpecChange,
+        },
+    )
 }
 
 fn done(r: &ResolvedStatus) -> Outcome {
@@ -59,118 +123,62 @@ fn done(r: &ResolvedStatus) -> Outcome {
         format!("{} files", r.files.len())
     };
     let what = r.quant.clone().unwrap_or_else(|| r.set.clone());
-    Outcome::Done {
-        reason: "Resolved".into(),
-        message: format!(
-            "{what}, {} in {files}, commit {}",
+    let short: String = r.commit.chars().take(7).collect();
+    Outcome::done(
+        Progress::Resolved,
+        format!(
+            "{what}, {} in {files}, commit {short}",
             human_bytes(r.total_bytes.max(0) as u64),
-            &r.commit[..r.commit.len().min(7)]
         ),
-    }
+    )
 }
 
 /// Runs the stage: writes status.resolved on success, clears it when the spec asks for something
 /// it cannot resolve.
-pub async fn run(ctx: &Context, ms: &ModelServe, resolved: &mut Option<ResolvedStatus>) -> Outcome {
+pub async fn run(env: &Env, ms: &ModelServe, resolved: &mut Option<ResolvedStatus>) -> Outcome {
     if let Some(outcome) = settled(ms) {
         return outcome;
     }
-    let key = format!(
-        "{}/{}/resolve",
-        ms.namespace().unwrap_or_default(),
-        ms.name_any()
-    );
-    let token = match token(ctx, ms).await {
-        Ok(t) => t,
-        Err(outcome) => return outcome,
-    };
-    let result = match Hub::new(&ctx.config.registry_endpoint, token) {
-        Ok(hub) => resolve(&hub, &ms.spec).await,
-        Err(e) => Err(Failure::Hub(e)),
-    };
-    match result {
+    match attempt(env, ms).await {
         Ok(r) => {
-            ctx.retries.reset(&key).await;
             let outcome = done(&r);
             *resolved = Some(r);
             outcome
         }
-        Err(Failure::Hub(e)) if e.is_transient() => {
-            let attempt = ctx.retries.bump(&key).await;
-            let wait = crate::controller::backoff(attempt).max(match &e {
-                HubError::RateLimited { retry_after } => *retry_after,
-                _ => Duration::ZERO,
-            });
-            Outcome::Waiting {
-                reason: e.reason().into(),
-                message: format!(
-                    "{e}; trying again in {}s (attempt {attempt})",
-                    wait.as_secs()
-                ),
-                after: wait,
-            }
-        }
         Err(f) => {
-            ctx.retries.reset(&key).await;
-            *resolved = None;
-            let (reason, message) = match f {
-                Failure::Hub(e) => (e.reason(), e.to_string()),
-                Failure::Select(e) => (e.reason(), e.to_string()),
-            };
-            Outcome::Failed {
-                reason: reason.into(),
-                message,
-                retry: None,
+            if f.recovery() == Recovery::SpecChange {
+                *resolved = None;
             }
+            Outcome::failed(&f)
         }
     }
 }
 
-/// Why Resolve could not choose a set.
-#[derive(Debug)]
-pub enum Failure {
-    Hub(HubError),
-    Select(select::SelectError),
+async fn attempt(env: &Env, ms: &ModelServe) -> Result<ResolvedStatus, ResolveFailure> {
+    let token = token::token(env, ms).await?;
+    let hub = Hub::new(
+        &env.settings.registry_endpoint,
+        token.map(|t| t.expose().to_string()),
+    )?;
+    resolve(&hub, &ms.spec).await
 }
 
 /// Model info -> tree at the pinned commit -> file set -> access check for gated repos.
-pub async fn resolve(hub: &Hub, spec: &ModelServeSpec) -> Result<ResolvedStatus, Failure> {
+pub async fn resolve(hub: &Hub, spec: &ModelServeSpec) -> Result<ResolvedStatus, ResolveFailure> {
     let repo = spec.repo.as_str();
-    let info = hub
-        .model_info(repo, spec.revision())
-        .await
-        .map_err(Failure::Hub)?;
-    let files = hub.tree(repo, &info.commit).await.map_err(Failure::Hub)?;
+    let info = hub.model_info(repo, spec.revision()).await?;
+    let files = hub.tree(repo, &info.commit).await?;
     let want = match &spec.file {
         Some(f) => Want::File(f),
         None => Want::Quant(spec.quant()),
     };
-    let set = select::select(repo, &files, want).map_err(Failure::Select)?;
-    if info.gated.is_some() {
-        hub.check_access(repo, &info.commit, &set.files[0].path)
-            .await
-            .map_err(Failure::Hub)?;
+    let set = select::select(repo, &files, want)?;
+    if info.gated.is_some()
+        && let Some(first) = set.files.first()
+    {
+        hub.check_access(repo, &info.commit, &first.path).await?;
     }
     Ok(status_of(spec, &info.commit, set))
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Hub(e) => e.fmt(f),
-            Failure::Select(e) => e.fmt(f),
-        }
-    }
-}
-
-impl Failure {
-    /// The condition reason.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Failure::Hub(e) => e.reason(),
-            Failure::Select(e) => e.reason(),
-        }
-    }
 }
 
 fn status_of(spec: &ModelServeSpec, commit: &str, set: FileSet) -> ResolvedStatus {
@@ -190,62 +198,7 @@ fn status_of(spec: &ModelServeSpec, commit: &str, set: FileSet) -> ResolvedStatu
             })
             .collect(),
         total_bytes: total as i64,
-        served_name: spec
-            .served_name
-            .clone()
-            .unwrap_or_else(|| served_name(&spec.repo)),
-    }
-}
-
-/// The registry token: spec.tokenSecretRef in the ModelServe's namespace, else the operator's
-/// default Secret, else none.
-pub(crate) async fn token(ctx: &Context, ms: &ModelServe) -> Result<Option<String>, Outcome> {
-    let (namespace, name, key) = match (&ms.spec.token_secret_ref, &ctx.config.default_token_secret)
-    {
-        (Some(r), _) => (
-            ms.namespace().unwrap_or_default(),
-            r.name.clone(),
-            r.key.clone(),
-        ),
-        (None, Some(d)) => match d.split_once('/') {
-            Some((ns, name)) => (ns.to_string(), name.to_string(), "token".to_string()),
-            None => return Ok(None),
-        },
-        (None, None) => return Ok(None),
-    };
-    let missing = |message: String| Outcome::Failed {
-        reason: "TokenSecretMissing".into(),
-        message,
-        retry: Some(Duration::from_secs(30)),
-    };
-    let secret = match Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
-        .get_opt(&name)
-        .await
-    {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return Err(missing(format!(
-                "the token Secret {namespace}/{name} does not exist; create it with the registry token under key {key}"
-            )));
-        }
-        Err(e) => {
-            return Err(Outcome::Failed {
-                reason: "KubernetesApiError".into(),
-                message: format!("cannot read the token Secret {namespace}/{name}: {e}"),
-                retry: Some(Duration::from_secs(30)),
-            });
-        }
-    };
-    match secret.data.as_ref().and_then(|d| d.get(&key)) {
-        Some(ByteString(bytes)) => match String::from_utf8(bytes.clone()) {
-            Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_string())),
-            _ => Err(missing(format!(
-                "the key {key} of Secret {namespace}/{name} is empty or not text"
-            ))),
-        },
-        None => Err(missing(format!(
-            "the Secret {namespace}/{name} has no key {key}"
-        ))),
+        served_name: served_name_of(spec),
     }
 }
 
@@ -332,21 +285,35 @@ mod tests {
         });
         assert!(matches!(
             settled(&m),
-            Some(Outcome::Failed { retry: None, .. })
+            Some(Outcome::Failed {
+                recovery: Recovery::SpecChange,
+                ..
+            })
         ));
         m.metadata.generation = Some(3);
         assert_eq!(settled(&m), None, "a spec change tries again");
     }
 
     #[test]
-    fn a_missing_token_secret_is_checked_again() {
-        let mut m = ms(serde_json::json!({"repo": "o/m"}));
-        m.status = Some(ModelServeStatus {
-            conditions: vec![failed("TokenSecretMissing", 2)],
-            ..Default::default()
-        });
-        assert_eq!(settled(&m), None);
+    fn failures_that_heal_without_a_spec_change_are_looked_at_again() {
+        for reason in [
+            "TokenSecretMissing",
+            "KubernetesApiError",
+            "GatedRepoNotApproved",
+            "RegistryUnavailable",
+            "RateLimited",
+            "InternalError",
+            "StageTimeout",
+        ] {
+            let mut m = ms(serde_json::json!({"repo": "o/m"}));
+            m.status = Some(ModelServeStatus {
+                conditions: vec![failed(reason, 2)],
+                ..Default::default()
+            });
+            assert_eq!(settled(&m), None, "{reason}");
+        }
     }
+
 
     #[test]
     fn the_request_names_quant_or_file() {

@@ -1,14 +1,5 @@
-//! Logs, Prometheus metrics and the health endpoints (/healthz, /readyz, /metrics).
+//! The controller's Prometheus metrics.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,25 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Log format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Human,
-    Json,
-}
-
-/// Installs the tracing subscriber; RUST_LOG overrides the default `info`.
-pub fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,hyper=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
+use super::requests::Requests;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -51,6 +24,12 @@ pub struct StageLabel {
     pub stage: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RetryLabel {
+    pub stage: String,
+    pub reason: String,
+}
+
 /// The controller's metrics.
 pub struct Metrics {
     pub registry: Registry,
@@ -61,8 +40,10 @@ pub struct Metrics {
     pub models_by_stage: Family<StageLabel, Gauge>,
     pub smoke_speed: Histogram,
     pub stage_seconds: Family<StageLabel, Histogram, fn() -> Histogram>,
-    /// The last stage of each model (namespace/name), for models_by_stage.
-    stages: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Transient failures retried by the backoff, by stage and reason.
+    pub retries: Family<RetryLabel, Counter>,
+    /// Requests the operator's client sent to the API server.
+    pub api_requests: Requests,
 }
 
 impl Default for Metrics {
@@ -76,6 +57,8 @@ impl Default for Metrics {
         let smoke_speed = Histogram::new(exponential_buckets(0.5, 2.0, 12));
         let stage_seconds: Family<StageLabel, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.25, 2.0, 18)));
+        let retries = Family::<RetryLabel, Counter>::default();
+        let api_requests = Requests::default();
         registry.register(
             "reconciles",
             "Reconciles by result (ok, error)",
@@ -98,8 +81,18 @@ impl Default for Metrics {
         );
         registry.register(
             "models",
-            "ModelServes by current stage, as last reconciled",
+            "ModelServes by current stage (status.stage), counted from the watch cache at each scrape",
             models_by_stage.clone(),
+        );
+        registry.register(
+            "stage_retries",
+            "Transient stage failures retried with backoff, by stage and reason",
+            retries.clone(),
+        );
+        registry.register(
+            "kube_requests",
+            "Requests the operator sent to the Kubernetes API server, by verb and resource",
+            api_requests.clone(),
         );
         registry.register(
             "stage_duration_seconds",
@@ -120,7 +113,8 @@ impl Default for Metrics {
             models_by_stage,
             smoke_speed,
             stage_seconds,
-            stages: Default::default(),
+            retries,
+            api_requests,
         }
     }
 }
@@ -133,12 +127,11 @@ impl Metrics {
         }
     }
 
-    /// Records the stage of one model and recounts the models per stage.
-    pub fn model_stage(&self, model: &str, stage: &str) {
-        let mut stages = self.stages.lock().unwrap_or_else(|e| e.into_inner());
-        stages.insert(model.to_string(), stage.to_string());
+    /// Sets the models-per-stage gauge from the stages of every model there is now: a model
+    /// that was deleted is not counted, and a restart counts every model at once.
+    pub fn set_models<'a>(&self, stages: impl IntoIterator<Item = &'a str>) {
         let mut counts: std::collections::BTreeMap<&str, i64> = std::collections::BTreeMap::new();
-        for s in stages.values() {
+        for s in stages {
             *counts.entry(s).or_default() += 1;
         }
         self.models_by_stage.clear();
@@ -160,69 +153,17 @@ impl Metrics {
     }
 }
 
-/// Shared state of the health server.
-#[derive(Clone)]
-pub struct Health {
-    pub ready: Arc<AtomicBool>,
-    pub metrics: Arc<Metrics>,
-}
-
-/// Serves /healthz, /readyz and /metrics until the process ends.
-pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), crate::Error> {
-    let app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(health);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| crate::Error::Listen {
-            what: "health and metrics",
-            addr,
-            source,
-        })?;
-    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    axum::serve(listener, app)
-        .await
-        .map_err(|source| crate::Error::Listen {
-            what: "health and metrics",
-            addr,
-            source,
-        })
-}
-
-async fn readyz(State(h): State<Health>) -> impl IntoResponse {
-    if h.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the controller has not started watching yet",
-        )
-    }
-}
-
-async fn metrics(State(h): State<Health>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        h.metrics.encode(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn models_by_stage_counts_each_model_once_at_its_latest_stage() {
+    fn models_by_stage_counts_the_models_there_are_now() {
         let m = Metrics::default();
-        m.model_stage("ns/a", "Check");
-        m.model_stage("ns/b", "Check");
-        m.model_stage("ns/a", "Mirror");
+        m.set_models(["Check", "Check", "Ready"]);
+        m.set_models(["Check", "Mirror"]);
         let text = m.encode();
+        assert!(!text.contains("stage=\"Ready\""), "a deleted model is forgotten: {text}");
         assert!(
             text.contains("modelserve_models{stage=\"Check\"} 1"),
             "{text}"

@@ -1,66 +1,26 @@
-//! Stage 4, Catalog: the serving objects, applied server-side and owned by the ModelServe: an
-//! engine-key Secret, a Deployment running the llama.cpp server (sized by the Check stage, fed by
-//! an init container that copies the files from the mirror), and a Service.
-//!
-//! What the objects look like is a pure function of the ModelServe and the operator's
-//! configuration ([`objects`]); applying them is idempotent, and a hand edit of a field we own
-//! (such as the Deployment's replicas) is put back by the next reconcile.
+//! What the serving objects of a ModelServe look like: a pure function of the ModelServe, what
+//! the earlier stages found, and the operator's settings.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, HTTPGetAction, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, Secret, SecretKeySelector, SecretVolumeSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 
-use super::Outcome;
-use crate::api::{CheckStatus, ModelServe, ModelServeStatus, ResolvedStatus};
-use crate::controller::{Context, FIELD_MANAGER};
-use crate::units::{gi_quantity, human_bytes};
-
-/// The llama.cpp server's port in the pod and on the Service.
-pub const PORT: i32 = 8080;
-/// Where the init container puts the files and the server reads them.
-pub const MODELS_DIR: &str = "/models";
-/// Where the engine key is mounted.
-pub const KEY_DIR: &str = "/etc/modelserve/engine-key";
-/// The data key of the engine-key Secret.
-pub const KEY_FIELD: &str = "key";
-/// The label every object and pod of one ModelServe carries.
-pub const MODEL_LABEL: &str = "modelserve.dev/model";
-
-/// Names of the objects of one ModelServe.
-pub fn secret_name(ms: &ModelServe) -> String {
-    format!("{}-engine-key", ms.name_any())
-}
-
-/// The pods' labels; the Deployment and the Service select on them.
-pub fn pod_labels(ms: &ModelServe) -> BTreeMap<String, String> {
-    let name = ms.name_any();
-    BTreeMap::from([
-        ("app.kubernetes.io/name".into(), "llama-server".into()),
-        ("app.kubernetes.io/instance".into(), name.clone()),
-        ("app.kubernetes.io/component".into(), "model-server".into()),
-        ("app.kubernetes.io/managed-by".into(), "modelserve".into()),
-        (MODEL_LABEL.into(), name),
-    ])
-}
-
-/// The label selector of the pods, as the scale subresource wants it.
-pub fn selector(ms: &ModelServe) -> String {
-    format!("{MODEL_LABEL}={}", ms.name_any())
-}
+use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
+use crate::names::{
+    COMMIT_ANNOTATION, KEY_DIGEST_ANNOTATION, KEY_DIR, MODEL_LABEL, MODELS_DIR, PORT, PORT_NAME,
+    PULL_CONTAINER, SERVER_CONTAINER, SET_ANNOTATION, pod_labels, secret_name,
+};
 
 /// What the Catalog stage needs from the operator's configuration.
 #[derive(Clone, Debug)]
@@ -77,6 +37,7 @@ pub fn objects(
     resolved: &ResolvedStatus,
     check: &CheckStatus,
     s: &Settings,
+    key_digest: &str,
 ) -> Result<(Deployment, Service), String> {
     let name = ms.name_any();
     let owner = owner(ms)?;
@@ -113,7 +74,7 @@ pub fn objects(
         pull_args.push(format!("{}:{}:{}", f.sha256, f.size, f.path));
     }
     let pull = Container {
-        name: "pull".into(),
+        name: PULL_CONTAINER.into(),
         image: Some(s.pull_image.clone()),
         command: Some(vec!["modelserve".into(), "pull".into()]),
         args: Some(pull_args),
@@ -134,7 +95,7 @@ pub fn objects(
         ..Default::default()
     };
 
-    let (args, env) = server_args(ms, resolved, s.build, parallel);
+    let (args, env) = super::args::server_args(ms, resolved, s.build, parallel);
     let user_request = engine.memory_request().cloned();
     let mut resources = engine.resources.clone().unwrap_or_default();
     // Memory request = limit = the estimate, unless the user set them. A user's request alone
@@ -156,7 +117,7 @@ pub fn objects(
     let http = |path: &str, period, failures| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
-            port: IntOrString::String("http".into()),
+            port: IntOrString::String(PORT_NAME.into()),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -164,12 +125,12 @@ pub fn objects(
         ..Default::default()
     };
     let server = Container {
-        name: "llama-server".into(),
+        name: SERVER_CONTAINER.into(),
         image: Some(image),
         args: Some(args),
         env: (!env.is_empty()).then_some(env),
         ports: Some(vec![ContainerPort {
-            name: Some("http".into()),
+            name: Some(PORT_NAME.into()),
             container_port: PORT,
             protocol: Some("TCP".into()),
             ..Default::default()
@@ -198,8 +159,9 @@ pub fn objects(
         ..Default::default()
     };
     let pod_annotations = BTreeMap::from([
-        ("modelserve.dev/commit".to_string(), resolved.commit.clone()),
-        ("modelserve.dev/set".to_string(), resolved.set.clone()),
+        (COMMIT_ANNOTATION.to_string(), resolved.commit.clone()),
+        (SET_ANNOTATION.to_string(), resolved.set.clone()),
+        (KEY_DIGEST_ANNOTATION.to_string(), key_digest.to_string()),
     ]);
     let deployment = Deployment {
         metadata: meta(name.clone()),
@@ -263,9 +225,9 @@ pub fn objects(
         spec: Some(ServiceSpec {
             selector: Some(BTreeMap::from([(MODEL_LABEL.into(), name)])),
             ports: Some(vec![ServicePort {
-                name: Some("http".into()),
+                name: Some(PORT_NAME.into()),
                 port: PORT,
-                target_port: Some(IntOrString::String("http".into())),
+                target_port: Some(IntOrString::String(PORT_NAME.into())),
                 protocol: Some("TCP".into()),
                 ..Default::default()
             }]),
@@ -273,73 +235,22 @@ pub fn objects(
         }),
         ..Default::default()
     };
-    Ok((deployment, service))
+    Ok((stamped(deployment)?, stamped(service)?))
 }
 
-/// The llama.cpp server's arguments, each flag only when the build knows it (an unknown flag
-/// makes the server exit), and the environment they refer to.
-pub fn server_args(
-    ms: &ModelServe,
-    resolved: &ResolvedStatus,
-    build: u32,
-    parallel: i32,
-) -> (Vec<String>, Vec<EnvVar>) {
-    let first = resolved.files.first().map_or("", |f| f.path.as_str());
-    let mut args = vec!["--model".to_string(), format!("{MODELS_DIR}/{first}")];
-    let mut env = Vec::new();
-    let mut flag = |since: u32, name: &str, value: Option<String>| {
-        if build >= since {
-            args.push(name.to_string());
-            args.extend(value);
-        }
-    };
-    flag(532, "--ctx-size", Some(ms.spec.context_size.to_string()));
-    flag(1283, "--parallel", Some(parallel.to_string()));
-    flag(
-        2413,
-        "--ubatch-size",
-        Some(super::check::UBATCH.to_string()),
-    );
-    flag(583, "--host", Some("0.0.0.0".into()));
-    flag(583, "--port", Some(PORT.to_string()));
-    let served = std::iter::once(resolved.served_name.clone())
-        .chain(ms.spec.aliases.iter().cloned())
-        .collect::<Vec<_>>()
-        .join(",");
-    flag(600, "--alias", Some(served));
-    flag(2258, "--metrics", None);
-    // The memory estimate leaves out the prompt cache in RAM: switch it off.
-    flag(6723, "--cache-ram", Some("0".into()));
-    flag(4297, "--no-webui", None);
-    // Chat templates are on by default from b7170; before that they need --jinja.
-    if (4524..7170).contains(&build) {
-        args.push("--jinja".into());
-    }
-    if build >= 1824 {
-        args.push("--api-key-file".into());
-        args.push(format!("{KEY_DIR}/{KEY_FIELD}"));
-    } else {
-        // Older servers take the key only on the command line: expanded by the kubelet from the
-        // Secret, so it never appears in the pod spec.
-        env.push(EnvVar {
-            name: "MODELSERVE_ENGINE_KEY".into(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: secret_name(ms),
-                    key: KEY_FIELD.into(),
-                    optional: Some(false),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        args.push("--api-key".into());
-        args.push("$(MODELSERVE_ENGINE_KEY)".into());
-    }
-    if let Some(e) = &ms.spec.engine {
-        args.extend(e.extra_args.iter().cloned());
-    }
-    (args, env)
+/// The annotation that records a digest of everything the operator applied to an object, so
+/// a later reconcile can tell "as applied" from "changed since" without asking the API server.
+pub const APPLIED_ANNOTATION: &str = "modelserve.dev/applied";
+
+/// `object` with [`APPLIED_ANNOTATION`] set to the digest of the rest of it.
+pub fn stamped<K: kube::Resource + serde::Serialize>(mut object: K) -> Result<K, String> {
+    let json = serde_json::to_vec(&object).map_err(|e| format!("cannot serialise: {e}"))?;
+    object
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(APPLIED_ANNOTATION.into(), crate::units::digest(&json));
+    Ok(object)
 }
 
 fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
@@ -365,197 +276,16 @@ fn restricted() -> SecurityContext {
     }
 }
 
-fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
+pub fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
     ms.controller_owner_ref(&())
         .ok_or_else(|| "the ModelServe has no uid yet".to_string())
-}
-
-/// A new random engine key: 32 bytes from the OS, hex.
-fn new_key() -> Result<String, String> {
-    let mut b = [0u8; 32];
-    getrandom::fill(&mut b).map_err(|e| format!("the OS gave no random bytes: {e}"))?;
-    Ok(hex::encode(b))
-}
-
-/// Applies the objects and reports them.
-pub async fn run(ctx: &Context, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
-    let (Some(resolved), Some(check)) = (status.resolved.clone(), status.check.clone()) else {
-        return super::not_resolved();
-    };
-    let Some(mirror_url) = ctx.config.mirror_url.clone() else {
-        return Outcome::Failed {
-            reason: "MirrorNotConfigured".into(),
-            message:
-                "the operator has no --mirror-url, so replicas have nowhere to copy the model from"
-                    .into(),
-            retry: None,
-        };
-    };
-    let plan = super::check::plan(ms, &ctx.config.engine_image, ctx.config.engine_build);
-    let settings = Settings {
-        engine_image: ctx.config.engine_image.clone(),
-        build: plan.build,
-        pull_image: ctx.config.pull_image.clone(),
-        mirror_url,
-    };
-    let (deployment, service) = match objects(ms, &resolved, &check, &settings) {
-        Ok(o) => o,
-        Err(message) => {
-            return Outcome::Failed {
-                reason: "CatalogInvalid".into(),
-                message,
-                retry: None,
-            };
-        }
-    };
-    match apply(ctx, ms, &deployment, &service).await {
-        Ok(applied) => {
-            status.selector = Some(selector(ms));
-            if let Some(st) = &applied.status {
-                status.replicas = st.replicas.unwrap_or(0);
-                status.ready_replicas = st.ready_replicas.unwrap_or(0);
-            }
-            let memory = check
-                .memory_bytes
-                .map(|m| gi_quantity(m.max(0) as u64))
-                .unwrap_or_default();
-            let n = ms.spec.replicas;
-            Outcome::Done {
-                reason: "Cataloged".into(),
-                message: format!(
-                    "Deployment {name} ({n} replica{s} of {memory} memory, {files} copied from the mirror), Service {name}:{PORT}, key in Secret {key}",
-                    name = ms.name_any(),
-                    s = if n == 1 { "" } else { "s" },
-                    files = human_bytes(resolved.total_bytes.max(0) as u64),
-                    key = secret_name(ms),
-                ),
-            }
-        }
-        Err(Failure::Taken(message)) => Outcome::Failed {
-            reason: "NameTaken".into(),
-            message,
-            retry: Some(Duration::from_secs(60)),
-        },
-        Err(Failure::Api(e)) => Outcome::Waiting {
-            reason: "ApiError".into(),
-            message: format!("applying the serving objects failed, trying again: {e}"),
-            after: Duration::from_secs(10),
-        },
-    }
-}
-
-enum Failure {
-    /// An object of that name exists and belongs to something else: never taken over.
-    Taken(String),
-    Api(String),
-}
-
-async fn apply(
-    ctx: &Context,
-    ms: &ModelServe,
-    deployment: &Deployment,
-    service: &Service,
-) -> Result<Deployment, Failure> {
-    let ns = ms.namespace().unwrap_or_else(|| "default".into());
-    let uid = ms.uid().unwrap_or_default();
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let api_err = |what: &str, e: kube::Error| Failure::Api(format!("{what}: {e}"));
-
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let key_name = secret_name(ms);
-    let existing = secrets
-        .get_opt(&key_name)
-        .await
-        .map_err(|e| api_err("reading the engine-key Secret", e))?;
-    ensure_ours(
-        existing.as_ref().map(|s| &s.metadata),
-        "Secret",
-        &key_name,
-        &uid,
-    )?;
-    // The key is made once; re-applying it would change it under running replicas.
-    let has_key = existing
-        .and_then(|s| s.data)
-        .is_some_and(|d| d.contains_key(KEY_FIELD));
-    if !has_key {
-        let key = new_key().map_err(Failure::Api)?;
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(key_name.clone()),
-                namespace: Some(ns.clone()),
-                labels: Some(pod_labels(ms)),
-                owner_references: Some(vec![owner(ms).map_err(Failure::Api)?]),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                KEY_FIELD.to_string(),
-                ByteString(key.into_bytes()),
-            )])),
-            type_: Some("Opaque".into()),
-            ..Default::default()
-        };
-        secrets
-            .patch(&key_name, &pp, &Patch::Apply(&secret))
-            .await
-            .map_err(|e| api_err("creating the engine-key Secret", e))?;
-    }
-
-    let name = ms.name_any();
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let current = deployments
-        .get_opt(&name)
-        .await
-        .map_err(|e| api_err("reading the Deployment", e))?;
-    ensure_ours(
-        current.as_ref().map(|d| &d.metadata),
-        "Deployment",
-        &name,
-        &uid,
-    )?;
-    let applied = deployments
-        .patch(&name, &pp, &Patch::Apply(deployment))
-        .await
-        .map_err(|e| api_err("applying the Deployment", e))?;
-
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let current = services
-        .get_opt(&name)
-        .await
-        .map_err(|e| api_err("reading the Service", e))?;
-    ensure_ours(
-        current.as_ref().map(|s| &s.metadata),
-        "Service",
-        &name,
-        &uid,
-    )?;
-    services
-        .patch(&name, &pp, &Patch::Apply(service))
-        .await
-        .map_err(|e| api_err("applying the Service", e))?;
-    Ok(applied)
-}
-
-fn ensure_ours(
-    meta: Option<&ObjectMeta>,
-    kind: &str,
-    name: &str,
-    uid: &str,
-) -> Result<(), Failure> {
-    let Some(meta) = meta else { return Ok(()) };
-    let ours = meta.owner_references.iter().flatten().any(|o| o.uid == uid);
-    if ours {
-        Ok(())
-    } else {
-        Err(Failure::Taken(format!(
-            "a {kind} named {name} already exists and does not belong to this ModelServe; delete or rename it, or give the ModelServe another name"
-        )))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{ModelServeSpec, ResolvedFile};
+    use k8s_openapi::api::core::v1::PodSpec;
 
     fn model(spec: serde_json::Value) -> ModelServe {
         let spec: ModelServeSpec = serde_json::from_value(spec).unwrap();
@@ -625,7 +355,7 @@ mod tests {
             ("Q4_K_M/qwen-00001-of-00002.gguf", 3 << 30),
             ("Q4_K_M/qwen-00002-of-00002.gguf", 1 << 30),
         ]);
-        let (d, _) = objects(&ms, &r, &checked(5 << 30, 2), &settings(10587)).unwrap();
+        let (d, _) = objects(&ms, &r, &checked(5 << 30, 2), &settings(10587), "kd").unwrap();
         let args = args_of(&d);
         assert_eq!(
             value_after(&args, "--model").as_deref(),
@@ -671,6 +401,7 @@ mod tests {
             &resolved(&[("q.gguf", 100)]),
             &checked(7 * (1 << 30) + 1, 1),
             &settings(10587),
+            "kd",
         )
         .unwrap();
         let res = pod(&d).containers[0].resources.clone().unwrap();
@@ -690,6 +421,7 @@ mod tests {
             &resolved(&[("q.gguf", 100)]),
             &checked(1 << 30, 1),
             &settings(10587),
+            "kd",
         )
         .unwrap();
         let res = pod(&d).containers[0].resources.clone().unwrap();
@@ -710,6 +442,7 @@ mod tests {
             &resolved(&[("q.gguf", 100)]),
             &checked(5 << 30, 1),
             &settings(10587),
+            "kd",
         )
         .unwrap();
         let res = pod(&d).containers[0].resources.clone().unwrap();
@@ -723,7 +456,7 @@ mod tests {
         let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
         let r = resolved(&[("q.gguf", 100)]);
         let c = checked(1 << 30, 1);
-        let old = args_of(&objects(&ms, &r, &c, &settings(1500)).unwrap().0);
+        let old = args_of(&objects(&ms, &r, &c, &settings(1500), "kd").unwrap().0);
         for absent in [
             "--cache-ram",
             "--metrics",
@@ -739,10 +472,10 @@ mod tests {
             Some("$(MODELSERVE_ENGINE_KEY)"),
             "before --api-key-file the key comes from the Secret through the environment"
         );
-        let mid = args_of(&objects(&ms, &r, &c, &settings(5000)).unwrap().0);
+        let mid = args_of(&objects(&ms, &r, &c, &settings(5000), "kd").unwrap().0);
         assert!(mid.contains(&"--jinja".to_string()));
         assert!(!mid.contains(&"--cache-ram".to_string()));
-        let new = args_of(&objects(&ms, &r, &c, &settings(10587)).unwrap().0);
+        let new = args_of(&objects(&ms, &r, &c, &settings(10587), "kd").unwrap().0);
         assert!(!new.contains(&"--jinja".to_string()), "on by default");
         assert!(!new.contains(&"--api-key".to_string()));
     }
@@ -759,6 +492,7 @@ mod tests {
                 &resolved(&[("q.gguf", 100)]),
                 &checked(1 << 30, 1),
                 &settings(10587),
+                "kd",
             )
             .unwrap()
             .0,
@@ -771,6 +505,42 @@ mod tests {
     }
 
     #[test]
+    fn a_new_engine_key_or_an_edit_of_the_names_rolls_the_replicas() {
+        let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
+        let r = resolved(&[("q.gguf", 100)]);
+        let c = checked(1 << 30, 1);
+        let template = |ms: &ModelServe, key: &str| {
+            let d = objects(ms, &r, &c, &settings(10587), key).unwrap().0;
+            serde_json::to_value(d.spec.unwrap().template).unwrap()
+        };
+        let before = template(&ms, "k1");
+        assert_ne!(before, template(&ms, "k2"), "the key digest is in the template");
+        let mut renamed = ms.clone();
+        renamed.spec.served_name = Some("chat".into());
+        renamed.spec.aliases = vec!["gpt-4o".into()];
+        let after = template(&renamed, "k1");
+        assert_ne!(before, after);
+        let args = args_of(&objects(&renamed, &r, &c, &settings(10587), "k1").unwrap().0);
+        assert_eq!(value_after(&args, "--alias").as_deref(), Some("chat,gpt-4o"));
+    }
+
+    #[test]
+    fn what_is_applied_is_stamped_with_its_digest() {
+        let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
+        let r = resolved(&[("q.gguf", 100)]);
+        let c = checked(1 << 30, 1);
+        let (d1, s1) = objects(&ms, &r, &c, &settings(10587), "k").unwrap();
+        let (d2, _) = objects(&ms, &r, &c, &settings(10587), "k").unwrap();
+        let stamp = |m: &ObjectMeta| m.annotations.clone().unwrap()[APPLIED_ANNOTATION].clone();
+        assert_eq!(stamp(&d1.metadata), stamp(&d2.metadata), "stable");
+        assert_eq!(stamp(&s1.metadata).len(), 16);
+        let mut bigger = ms.clone();
+        bigger.spec.replicas = 2;
+        let (d3, _) = objects(&bigger, &r, &c, &settings(10587), "k").unwrap();
+        assert_ne!(stamp(&d1.metadata), stamp(&d3.metadata));
+    }
+
+    #[test]
     fn objects_are_owned_and_labelled_and_the_service_selects_the_pods() {
         let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF", "replicas": 3}));
         let (d, s) = objects(
@@ -778,6 +548,7 @@ mod tests {
             &resolved(&[("q.gguf", 100)]),
             &checked(1 << 30, 1),
             &settings(10587),
+            "kd",
         )
         .unwrap();
         let owners = d.metadata.owner_references.clone().unwrap();
@@ -808,15 +579,9 @@ mod tests {
             &resolved(&[("q.gguf", 100)]),
             &CheckStatus::default(),
             &settings(10587),
+            "kd",
         )
         .unwrap_err();
         assert!(err.contains("memory"), "{err}");
-    }
-
-    #[test]
-    fn keys_are_random_and_long() {
-        let (a, b) = (new_key().unwrap(), new_key().unwrap());
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 64);
     }
 }

@@ -1,0 +1,207 @@
+//! The ModelServe controller: the watches that feed its caches and wake it, the reconcile that
+//! runs the pipeline and writes status once, and the settings of `modelserve controller`.
+
+pub mod reconcile;
+pub mod watches;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::ListParams;
+use kube::runtime::controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client};
+use tracing::info;
+
+use crate::Error;
+use crate::api::ModelServe;
+use crate::conditions::SystemClock;
+use crate::names::FIELD_MANAGER;
+use crate::pipeline::{Env, env::Settings};
+use crate::telemetry::{self, Health, Metrics, Watchdog};
+pub use crate::pipeline::env::{DEFAULT_ENGINE_IMAGE, DEFAULT_PULL_IMAGE};
+pub use crate::units::parse_duration;
+
+/// Settings of `modelserve controller`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Config {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "MODELSERVE_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "MODELSERVE_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    #[command(flatten)]
+    pub settings: Settings,
+    /// Reconciles that run at once, over all ModelServes (one object is never reconciled twice at once).
+    #[arg(long, env = "MODELSERVE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub concurrency: u16,
+    /// How often a ModelServe with nothing to do is looked at anyway (with up to 20% jitter); it costs no API request when nothing drifted.
+    #[arg(long, env = "MODELSERVE_RESYNC", default_value = "10m", value_parser = parse_duration)]
+    pub resync: Duration,
+    /// /healthz fails when a reconcile has run this long while none finished, so a stuck operator is restarted by its liveness probe. Keep it above --stage-timeout.
+    #[arg(long, env = "MODELSERVE_STALL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub stall_timeout: Duration,
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub env: Env,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub watchdog: Arc<Watchdog>,
+    pub resync: Duration,
+    /// Transient failures in a row, per object, for the backoff; reset on a reconcile without one.
+    attempts: Mutex<HashMap<ObjectRef<ModelServe>, u32>>,
+}
+
+impl Context {
+    /// Counts one more transient failure of `key` and returns how many in a row.
+    pub fn bump(&self, key: ObjectRef<ModelServe>) -> u32 {
+        let mut m = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub fn reset(&self, key: &ObjectRef<ModelServe>) {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+pub async fn run(config: Config) -> Result<(), Error> {
+    crate::hub::Hub::new(&config.settings.registry_endpoint, None).map_err(|e| Error::BadFlag {
+        flag: "--registry-endpoint",
+        message: e.to_string(),
+    })?;
+    if config.stall_timeout <= config.settings.stage_timeout {
+        return Err(Error::BadFlag {
+            flag: "--stall-timeout",
+            message: format!(
+                "{} must be longer than --stage-timeout ({}), or a slow stage would restart the operator",
+                crate::units::human_duration(config.stall_timeout),
+                crate::units::human_duration(config.settings.stage_timeout)
+            ),
+        });
+    }
+    let metrics = Arc::new(Metrics::default());
+    let (client, url) = connect_counted(&metrics).await?;
+    ensure_crd_installed(&client, &url, config.watch_namespace.as_deref()).await?;
+
+    let watches = watches::Watches::start(&client, config.watch_namespace.as_deref());
+    let models = watches.models.clone();
+    let watchdog = Arc::new(Watchdog::new(config.stall_timeout));
+    let health = Health {
+        ready: Default::default(),
+        metrics: metrics.clone(),
+        watchdog: watchdog.clone(),
+        stages: Arc::new(move || {
+            models
+                .state()
+                .iter()
+                .map(|m| {
+                    m.status
+                        .as_ref()
+                        .and_then(|s| s.stage.clone())
+                        .unwrap_or_else(|| "New".into())
+                })
+                .collect()
+        }),
+    };
+    let server = tokio::spawn(telemetry::serve(config.metrics_addr, health.clone()));
+    let cache = watches.cache.clone();
+    let ready = health.ready.clone();
+    tokio::spawn(async move {
+        cache.wait_until_synced().await;
+        ready.store(true, Ordering::Relaxed);
+        info!("watch caches synced; ready");
+    });
+
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: std::env::var("POD_NAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        env: Env {
+            client,
+            settings: config.settings.clone(),
+            cache: watches.cache.clone(),
+            clock: Arc::new(SystemClock),
+            http: Env::http_client().map_err(Error::Config)?,
+        },
+        metrics,
+        watchdog,
+        resync: config.resync,
+        attempts: Mutex::default(),
+    });
+    info!(concurrency = config.concurrency, "controller started");
+    let controller = watches
+        .controller()
+        .with_config(controller::Config::default().concurrency(config.concurrency))
+        .shutdown_on_signal()
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = controller => Ok(()),
+        r = server => match r {
+            Ok(Err(e)) => Err(e),
+            _ => Ok(()),
+        },
+    }
+}
+
+/// A client from the kubeconfig or the in-cluster configuration, and the server's URL.
+pub async fn connect() -> Result<(Client, String), Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let url = config.cluster_url.to_string();
+    let client = Client::try_from(config).map_err(|e| Error::Config(e.to_string()))?;
+    Ok((client, url))
+}
+
+/// A client whose every request is counted in `metrics` (`modelserve_kube_requests_total`).
+async fn connect_counted(metrics: &Metrics) -> Result<(Client, String), Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let url = config.cluster_url.to_string();
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| Error::Config(e.to_string()))?
+        .with_layer(&telemetry::requests::CountLayer(
+            metrics.api_requests.clone(),
+        ))
+        .build();
+    Ok((client, url))
+}
+
+/// Fails with a clear message when the CRD is missing or the API server cannot be reached.
+/// Lists in the watched namespace only, so a namespace-scoped install (a Role) passes.
+pub async fn ensure_crd_installed(
+    client: &Client,
+    url: &str,
+    namespace: Option<&str>,
+) -> Result<(), Error> {
+    let api: Api<ModelServe> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    match api.list(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(Error::CrdMissing),
+        Err(e) => Err(Error::Unreachable {
+            url: url.to_string(),
+            source: e,
+        }),
+    }
+}

@@ -1,0 +1,146 @@
+//! The controller's watches. Each feeds a cache the stages read and, where a change should wake
+//! a ModelServe, the controller: a new generation of the ModelServe itself, any change of the
+//! Deployment, Service or Secret it owns (so a deletion or hand edit is repaired in seconds),
+//! and any change of its ReplicaSets and pods (found by their model label). Nodes only feed the
+//! cache. Owned objects are watched by the operator's own label, and every cached object drops
+//! its managedFields, so the caches hold what the stages read and little else.
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use crate::api::ModelServe;
+use crate::names::{MODEL_LABEL, managed_selector};
+use crate::pipeline::cache::Cache;
+
+type Events<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
+/// The caches, and the streams that fill them until the controller consumes them.
+pub struct Watches {
+    pub models: Store<ModelServe>,
+    pub cache: Cache,
+    model_events: Events<ModelServe>,
+    deployments: Events<Deployment>,
+    services: Events<Service>,
+    secrets: Events<Secret>,
+    pods: Events<Pod>,
+    replica_sets: Events<ReplicaSet>,
+}
+
+impl Watches {
+    /// Sets up every watch (in `namespace`, or everywhere) and starts the one on Nodes.
+    pub fn start(client: &Client, namespace: Option<&str>) -> Watches {
+        let managed = || watcher::Config::default().labels(&managed_selector());
+        let (models, writer) = reflector::store();
+        let model_events = watcher(api::<ModelServe>(client, namespace), Default::default())
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .applied_objects()
+            // Only a new generation (a spec change, or a new object) wakes a ModelServe: its own
+            // status writes do not, so progress is written at the pace the stages ask for.
+            .predicate_filter(predicates::generation, Default::default())
+            .boxed();
+        let (deployments, deployment_events) = owned(client, namespace, managed());
+        let (services, service_events) = owned(client, namespace, managed());
+        let (secrets, secret_events) = owned(client, namespace, managed());
+        let (pods, pod_events) = owned(client, namespace, managed());
+        let (replica_sets, replica_set_events) = owned(client, namespace, managed());
+
+        let (nodes, node_writer) = reflector::store();
+        let node_events = watcher(Api::<Node>::all(client.clone()), Default::default())
+            .default_backoff()
+            .modify(|n: &mut Node| {
+                slim(n);
+                // The image list of a busy node is large and nothing here reads it.
+                if let Some(s) = n.status.as_mut() {
+                    s.images = None;
+                }
+            })
+            .reflect(node_writer)
+            .applied_objects();
+        tokio::spawn(node_events.for_each(|e| async move {
+            if let Err(e) = e {
+                tracing::warn!(error = %e, "watching Nodes failed; retrying");
+            }
+        }));
+
+        Watches {
+            models,
+            cache: Cache {
+                deployments,
+                replica_sets,
+                pods,
+                services,
+                secrets,
+                nodes,
+            },
+            model_events,
+            deployments: deployment_events,
+            services: service_events,
+            secrets: secret_events,
+            pods: pod_events,
+            replica_sets: replica_set_events,
+        }
+    }
+
+    /// The controller, woken by every watch but the Nodes'.
+    pub fn controller(self) -> Controller<ModelServe> {
+        Controller::for_stream(self.model_events, self.models)
+            .owns_stream(self.deployments)
+            .owns_stream(self.services)
+            .owns_stream(self.secrets)
+            .watches_stream(self.pods, model_of)
+            .watches_stream(self.replica_sets, model_of)
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A cache of the operator's objects of one kind, and the stream of their changes (deletions
+/// included, so a deleted object is put back).
+fn owned<K>(client: &Client, namespace: Option<&str>, config: watcher::Config) -> (Store<K>, Events<K>)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api::<K>(client, namespace), config)
+        .default_backoff()
+        .modify(slim)
+        .reflect(writer)
+        .touched_objects()
+        .boxed();
+    (store, events)
+}
+
+/// Drops what no stage reads from a cached object.
+fn slim<K: Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+}
+
+/// The ModelServe a pod or ReplicaSet belongs to, by its model label.
+fn model_of<K: Resource>(o: K) -> Option<ObjectRef<ModelServe>> {
+    let model = o.labels().get(MODEL_LABEL)?;
+    let ns = o.namespace()?;
+    Some(ObjectRef::new(model).within(&ns))
+}

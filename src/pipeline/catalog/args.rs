@@ -1,0 +1,70 @@
+//! The llama.cpp server's command line: each flag only when the image's build knows it.
+
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
+
+use crate::api::{ModelServe, ResolvedStatus};
+use crate::names::{KEY_DIR, KEY_FIELD, MODELS_DIR, PORT, model_names, secret_name};
+
+/// The llama.cpp server's arguments, each flag only when the build knows it (an unknown flag
+/// makes the server exit), and the environment they refer to.
+pub fn server_args(
+    ms: &ModelServe,
+    resolved: &ResolvedStatus,
+    build: u32,
+    parallel: i32,
+) -> (Vec<String>, Vec<EnvVar>) {
+    let first = resolved.files.first().map_or("", |f| f.path.as_str());
+    let mut args = vec!["--model".to_string(), format!("{MODELS_DIR}/{first}")];
+    let mut env = Vec::new();
+    let mut flag = |since: u32, name: &str, value: Option<String>| {
+        if build >= since {
+            args.push(name.to_string());
+            args.extend(value);
+        }
+    };
+    flag(532, "--ctx-size", Some(ms.spec.context_size.to_string()));
+    flag(1283, "--parallel", Some(parallel.to_string()));
+    flag(
+        2413,
+        "--ubatch-size",
+        Some(crate::pipeline::check::UBATCH.to_string()),
+    );
+    flag(583, "--host", Some("0.0.0.0".into()));
+    flag(583, "--port", Some(PORT.to_string()));
+    // The names come from the spec as it is now: an edit of servedName or aliases rolls out.
+    let served = model_names(ms).join(",");
+    flag(600, "--alias", Some(served));
+    flag(2258, "--metrics", None);
+    // The memory estimate leaves out the prompt cache in RAM: switch it off.
+    flag(6723, "--cache-ram", Some("0".into()));
+    flag(4297, "--no-webui", None);
+    // Chat templates are on by default from b7170; before that they need --jinja.
+    if (4524..7170).contains(&build) {
+        args.push("--jinja".into());
+    }
+    if build >= 1824 {
+        args.push("--api-key-file".into());
+        args.push(format!("{KEY_DIR}/{KEY_FIELD}"));
+    } else {
+        // Older servers take the key only on the command line: expanded by the kubelet from the
+        // Secret, so it never appears in the pod spec.
+        env.push(EnvVar {
+            name: "MODELSERVE_ENGINE_KEY".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret_name(ms),
+                    key: KEY_FIELD.into(),
+                    optional: Some(false),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        args.push("--api-key".into());
+        args.push("$(MODELSERVE_ENGINE_KEY)".into());
+    }
+    if let Some(e) = &ms.spec.engine {
+        args.extend(e.extra_args.iter().cloned());
+    }
+    (args, env)
+}

@@ -1,0 +1,311 @@
+//! Stage 2, Check, before any download: read the GGUF header over HTTP ranges, decide whether
+//! the nodes' llama.cpp build loads it, estimate a replica's memory, and stop if no node can
+//! hold it.
+//!
+//! Settled once passed: a Check that is True for the same set, server flags and placement is
+//! not redone, so a scale or any other edit that does not change those reads nothing again.
+
+pub mod fit;
+
+use std::time::Duration;
+
+use super::env::Env;
+use super::outcome::{Failure, Outcome, Progress, Recovery};
+use super::resolve::registry_recovery;
+use super::token::{self, TokenFailure};
+use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
+use crate::gguf::memory::{self, Flags};
+use crate::gguf::{self, ReadError, SourceError, support};
+use crate::hub::{Hub, HubError};
+use crate::units::gi_quantity;
+
+/// llama-server's --ubatch-size, as the Catalog stage runs it.
+pub const UBATCH: u64 = 512;
+/// How often a model no node can hold is compared with the nodes again (from the cache).
+pub const RECHECK_NODES: Duration = Duration::from_secs(300);
+
+/// Why Check stops the pipeline.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckFailure {
+    /// The header could not be read or is not a loadable GGUF.
+    #[error("reading the GGUF header: {0}")]
+    Header(#[source] ReadError),
+    #[error("{source}{note}")]
+    Unsupported {
+        #[source]
+        source: support::Unsupported,
+        /// The build note, when the build is an assumption.
+        note: String,
+    },
+    #[error("{0}")]
+    InvalidResources(String),
+    #[error("{why}. {summary}")]
+    NoNodeFits { why: String, summary: String },
+    #[error(transparent)]
+    Registry(#[from] HubError),
+    #[error(transparent)]
+    Token(#[from] TokenFailure),
+}
+
+impl Failure for CheckFailure {
+    fn reason(&self) -> &'static str {
+        match self {
+            CheckFailure::Header(ReadError::Source(SourceError::Hub(h))) => h.reason(),
+            CheckFailure::Header(_) => "InvalidGGUF",
+            CheckFailure::Unsupported { source, .. } => source.reason(),
+            CheckFailure::InvalidResources(_) => "InvalidResources",
+            CheckFailure::NoNodeFits { .. } => "NoNodeFits",
+            CheckFailure::Registry(e) => e.reason(),
+            CheckFailure::Token(e) => e.reason(),
+        }
+    }
+
+    fn recovery(&self) -> Recovery {
+        match self {
+            CheckFailure::Header(ReadError::Source(SourceError::Hub(h))) => registry_recovery(h),
+            CheckFailure::Registry(h) => registry_recovery(h),
+            CheckFailure::Token(e) => e.recovery(),
+            // Nodes come and go without a spec change.
+            CheckFailure::NoNodeFits { .. } => Recovery::Heals(RECHECK_NODES),
+            CheckFailure::Header(_)
+            | CheckFailure::Unsupported { .. }
+            | CheckFailure::InvalidResources(_) => Recovery::SpecChange,
+        }
+    }
+}
+
+/// The settings the check is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub build: u32,
+    /// Said in messages when the build is an assumption rather than read from the image tag.
+    pub build_note: Option<String>,
+    pub flags: Flags,
+}
+
+/// The nodes' build and the server flags for `ms`, from the spec and the operator's configuration.
+pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>) -> Plan {
+    let image = ms
+        .spec
+        .engine
+        .as_ref()
+        .and_then(|e| e.image.clone())
+        .unwrap_or_else(|| default_image.to_string());
+    let (build, build_note) = match (support::build_of_image(&image), build_override) {
+        (_, Some(b)) => (
+            b,
+            Some(format!("build b{b} as configured (--engine-build)")),
+        ),
+        (Some(b), None) => (b, None),
+        (None, None) => (
+            LATEST_KNOWN_BUILD,
+            Some(format!(
+                "the image {image} names no build, so b{LATEST_KNOWN_BUILD} is assumed; set --engine-build to be exact"
+            )),
+        ),
+    };
+    let parallel = (ms.spec.context_size / ms.spec.context_length.max(1)).max(1) as u64;
+    Plan {
+        build,
+        build_note,
+        flags: Flags {
+            ctx_size: ms.spec.context_size.max(1) as u64,
+            parallel,
+            ubatch: UBATCH,
+            build,
+        },
+    }
+}
+
+/// The newest build the data tables describe.
+pub const LATEST_KNOWN_BUILD: u32 = 10587;
+
+/// What status.check.request records for this check.
+pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
+    format!(
+        "{}@{} ctx={} parallel={} build=b{}",
+        r.set, r.commit, p.flags.ctx_size, p.flags.parallel, p.build
+    )
+}
+
+/// Reads the model's header from the registry and judges build support and memory.
+pub async fn inspect(
+    hub: &Hub,
+    repo: &str,
+    r: &ResolvedStatus,
+    p: &Plan,
+) -> Result<CheckStatus, CheckFailure> {
+    let paths: Vec<String> = r.files.iter().map(|f| f.path.clone()).collect();
+    let (header, _) = gguf::read_model(hub, repo, &r.commit, &paths)
+        .await
+        .map_err(CheckFailure::Header)?;
+    let first = support::first_build(&header, paths.len() > 1, p.build).map_err(|source| {
+        CheckFailure::Unsupported {
+            source,
+            note: p
+                .build_note
+                .as_ref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default(),
+        }
+    })?;
+    let e = memory::estimate(&header, &p.flags);
+    Ok(CheckStatus {
+        request: Some(request(r, p)),
+        architecture: header.architecture().map(String::from),
+        engine_build: Some(format!("b{}", p.build)),
+        first_build: Some(format!("b{first}")),
+        parallel: Some(p.flags.parallel as i32),
+        memory_bytes: Some(e.total as i64),
+        memory: Some(gi_quantity(e.total)),
+        kv_bytes_per_token: Some(e.kv_bytes_per_token as i64),
+        basis: Some(e.basis.clone()),
+    })
+}
+
+fn with_note(message: String, p: &Plan) -> String {
+    match &p.build_note {
+        Some(n) => format!("{message} ({n})"),
+        None => message,
+    }
+}
+
+/// What the fit depends on besides the estimate: the memory the user asks for and where the
+/// replicas may go. Part of status.check.request, so changing any of them checks again.
+pub fn placement_key(ms: &ModelServe) -> Option<String> {
+    let e = ms.spec.engine.as_ref()?;
+    let memory = e.memory_request().map(|q| q.0.clone());
+    if memory.is_none() && e.node_selector.is_empty() && e.tolerations.is_empty() {
+        return None;
+    }
+    let text = serde_json::json!([memory, e.node_selector, e.tolerations]).to_string();
+    Some(crate::units::digest(text.as_bytes()))
+}
+
+/// The whole request a passed Check holds for.
+fn full_request(inspection: &str, ms: &ModelServe) -> String {
+    match placement_key(ms) {
+        Some(k) => format!("{inspection} placement={k}"),
+        None => inspection.to_string(),
+    }
+}
+
+/// Runs the stage.
+pub async fn run(
+    env: &Env,
+    ms: &ModelServe,
+    resolved: &ResolvedStatus,
+    check: &mut Option<CheckStatus>,
+) -> Outcome {
+    let p = plan(ms, &env.settings.engine_image, env.settings.engine_build);
+    let inspection = request(resolved, &p);
+    let full = full_request(&inspection, ms);
+    // A check that passed for this very request holds: nothing it depends on has changed.
+    if let Some(done) = settled(ms, &full) {
+        return done;
+    }
+    let cached = check.clone().filter(|c| {
+        c.request
+            .as_deref()
+            .is_some_and(|r| r == inspection || r.starts_with(&format!("{inspection} placement=")))
+    });
+    let mut status = match cached {
+        Some(c) => c,
+        None => match read(env, ms, resolved, &p).await {
+            Ok(s) => s,
+            Err(f) => {
+                *check = None;
+                return Outcome::failed(&f);
+            }
+        },
+    };
+    status.request = Some(full);
+    *check = Some(status.clone());
+    match judge(env, ms, &status, &p) {
+        Ok(message) => Outcome::done(Progress::Checked, message),
+        Err(f) => Outcome::failed(&f),
+    }
+}
+
+/// The Checked condition as it stands, when it passed for `request`.
+fn settled(ms: &ModelServe, request: &str) -> Option<Outcome> {
+    let status = ms.status.as_ref()?;
+    let c = crate::conditions::get(&status.conditions, "Checked")?;
+    let holds = c.status == "True"
+        && status.check.as_ref().and_then(|c| c.request.as_deref()) == Some(request);
+    holds.then(|| Outcome::done(Progress::Checked, c.message.clone()))
+}
+
+async fn read(
+    env: &Env,
+    ms: &ModelServe,
+    resolved: &ResolvedStatus,
+    p: &Plan,
+) -> Result<CheckStatus, CheckFailure> {
+    let token = token::token(env, ms).await?;
+    let hub = Hub::new(
+        &env.settings.registry_endpoint,
+        token.map(|t| t.expose().to_string()),
+    )?;
+    inspect(&hub, &ms.spec.repo, resolved, p).await
+}
+
+/// Compares what a replica will request with the nodes it may land on (from the cache).
+fn judge(env: &Env, ms: &ModelServe, status: &CheckStatus, p: &Plan) -> Result<String, CheckFailure> {
+    let needed = status.memory_bytes.unwrap_or(0).max(0) as u64;
+    let engine = ms.spec.engine.clone().unwrap_or_default();
+    // The scheduler places a replica by the memory its pod requests: the user's, when set.
+    let (asked, asked_note) =
+        fit::requested(&engine, needed).map_err(CheckFailure::InvalidResources)?;
+    let nodes = env.cache.nodes();
+    let verdict = fit::fit(
+        asked,
+        &fit::candidates(&nodes, &engine.node_selector, &engine.tolerations),
+    );
+    let mut summary = format!(
+        "{} loads from {} (nodes run {}); {}",
+        status.architecture.as_deref().unwrap_or("the model"),
+        status.first_build.as_deref().unwrap_or("?"),
+        status.engine_build.as_deref().unwrap_or("?"),
+        status.basis.as_deref().unwrap_or_default()
+    );
+    if let Some(n) = asked_note {
+        summary = format!("{summary}; {n}");
+    }
+    match verdict {
+        Ok(fits) => Ok(with_note(format!("{summary}; {fits}"), p)),
+        Err(why) => Err(CheckFailure::NoNodeFits { why, summary }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_build_comes_from_the_image_or_is_a_stated_assumption() {
+        let mut ms = ModelServe::new(
+            "m",
+            serde_json::from_value(
+                serde_json::json!({"repo": "a/b", "contextSize": 16384, "contextLength": 4096}),
+            )
+            .unwrap(),
+        );
+        let p = plan(&ms, "ghcr.io/ggml-org/llama.cpp:server-b6500", None);
+        assert_eq!(
+            (p.build, p.build_note.clone(), p.flags.parallel),
+            (6500, None, 4)
+        );
+        let p = plan(&ms, "llama.cpp:latest", None);
+        assert!(p.build_note.unwrap().contains("names no build"));
+        ms.spec.engine = Some(crate::api::EngineSpec {
+            image: Some("x:server-cuda-b7000".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            plan(&ms, "ghcr.io/ggml-org/llama.cpp:server-b6500", None).build,
+            7000
+        );
+        assert_eq!(plan(&ms, "y", Some(5000)).build, 5000);
+    }
+}

@@ -1,0 +1,94 @@
+//! What the stages run with: the operator's settings, the API client, the caches of the objects
+//! they read, the clock and the HTTP client. The controller builds one [`Env`]; the stages never
+//! reach into the controller.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::cache::Cache;
+use crate::conditions::Clock;
+
+/// The default image of `modelserve pull`: this very version of modelserve.
+pub const DEFAULT_PULL_IMAGE: &str =
+    concat!("ghcr.io/modelserve/modelserve:", env!("CARGO_PKG_VERSION"));
+
+/// The default llama.cpp server image.
+pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
+
+/// The operator's settings the stages read (flags of `modelserve controller`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct Settings {
+    /// Model registry speaking the Hugging Face Hub API (like HF_ENDPOINT); point it at an internal mirror if the cluster has no internet.
+    #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
+    pub registry_endpoint: String,
+    /// Secret (NAMESPACE/NAME, key "token") with the registry token used when a ModelServe names none.
+    #[arg(long, env = "MODELSERVE_DEFAULT_TOKEN_SECRET")]
+    pub default_token_secret: Option<String>,
+    /// llama.cpp server image of the replicas, pinned by build (its tag names the build).
+    #[arg(long, env = "MODELSERVE_ENGINE_IMAGE", default_value = DEFAULT_ENGINE_IMAGE)]
+    pub engine_image: String,
+    /// The cluster's model mirror (`modelserve mirror`), e.g. http://modelserve-mirror:8090.
+    #[arg(long, env = "MODELSERVE_MIRROR_URL")]
+    pub mirror_url: Option<String>,
+    /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
+    #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
+    pub engine_build: Option<u32>,
+    /// Image of the replicas' init container that copies the model from the mirror (`modelserve pull`).
+    #[arg(long, env = "MODELSERVE_PULL_IMAGE", default_value = DEFAULT_PULL_IMAGE)]
+    pub pull_image: String,
+    /// How long a replica may stay unschedulable before the Place stage reports it (the scheduler keeps retrying; a cluster autoscaler may add a node), e.g. 60s, 5m.
+    #[arg(long, env = "MODELSERVE_PLACE_GRACE", default_value = "60s", value_parser = crate::units::parse_duration)]
+    pub place_grace: Duration,
+    /// How long a new replica may take to become ready, copying the model included, before the Place stage gives up, e.g. 30m, 2h.
+    #[arg(long, env = "MODELSERVE_PLACE_TIMEOUT", default_value = "30m", value_parser = crate::units::parse_duration)]
+    pub place_timeout: Duration,
+    /// Restarts a replica's container may have before the Place stage reports a crash loop.
+    #[arg(long, env = "MODELSERVE_CRASH_RESTARTS", default_value_t = 3, value_parser = clap::value_parser!(i32).range(0..))]
+    pub crash_restarts: i32,
+    /// Longest one stage of one ModelServe may run in a reconcile before it is stopped and retried, so a slow registry or replica holds up nobody else.
+    #[arg(long, env = "MODELSERVE_STAGE_TIMEOUT", default_value = "5m", value_parser = crate::units::parse_duration)]
+    pub stage_timeout: Duration,
+}
+
+fn parse_build(s: &str) -> Result<u32, String> {
+    s.strip_prefix('b')
+        .unwrap_or(s)
+        .parse()
+        .map_err(|_| format!("{s:?} is not a llama.cpp build number such as b6500"))
+}
+
+/// Everything one reconcile's stages share.
+pub struct Env {
+    pub client: kube::Client,
+    pub settings: Settings,
+    pub cache: Cache,
+    pub clock: Arc<dyn Clock>,
+    /// HTTP to the mirror and the replicas: one client, reused.
+    pub http: reqwest::Client,
+}
+
+impl Env {
+    /// One HTTP client for the mirror and the replicas. Proxies come from the environment
+    /// (HTTPS_PROXY, NO_PROXY) as reqwest reads them; pod IPs and the mirror's Service are
+    /// in-cluster, so a cluster with a proxy lists them in NO_PROXY as for any other client.
+    pub fn http_client() -> Result<reqwest::Client, String> {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_build;
+
+    #[test]
+    fn builds_parse_with_or_without_the_b() {
+        assert_eq!(parse_build("b6500"), Ok(6500));
+        assert_eq!(parse_build("6500"), Ok(6500));
+        assert!(parse_build("bb6500").is_err());
+        assert!(parse_build("latest").unwrap_err().contains("b6500"));
+    }
+}

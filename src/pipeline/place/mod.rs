@@ -1,0 +1,285 @@
+//! Stage 5, Place: wait for a ready replica of the serving Deployment. Stop early, with the
+//! reason, when the scheduler cannot place it (its own message, after a grace period) or when it
+//! keeps failing (a crash loop, OOMKilled); give up after a timeout. None of these is permanent:
+//! a node may be added or a pod may recover without any spec change, so each is looked at again.
+//!
+//! Everything it reads comes from the cache ([`observe`]), judged by [`verdict`] and said by
+//! [`describe`].
+
+pub mod describe;
+pub mod observe;
+#[cfg(test)]
+mod testing;
+pub mod verdict;
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::env::Env;
+use super::outcome::{Failure, Outcome, Progress, Recovery};
+use crate::api::{ModelServe, ModelServeStatus, PlacementStatus};
+use crate::names::{endpoint, selector};
+pub use observe::{Observed, current_pods, observe};
+pub use verdict::{Verdict, verdict};
+
+/// How often a replica on its way is looked at.
+const POLL: Duration = Duration::from_secs(4);
+/// When an unschedulable replica is looked at again (the scheduler retries on its own).
+const RETRY_UNSCHEDULABLE: Duration = Duration::from_secs(30);
+/// When a failing or late replica is looked at again.
+const RETRY_FAILING: Duration = Duration::from_secs(60);
+
+/// How long a replica may take, and how often it may fail, before the stage says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// How long a pod may stay unschedulable before that is a failure.
+    pub grace: Duration,
+    /// How long after the newest ReplicaSet or pod was created a ready replica may take.
+    pub timeout: Duration,
+    /// Restarts a container may have before it counts as crash-looping.
+    pub restarts: i32,
+}
+
+/// Why no replica is ready. Each can heal without a spec change (a node added, a pod that
+/// recovers), so each is looked at again.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+pub enum PlaceFailure {
+    #[error("{0}")]
+    Unschedulable(String),
+    #[error("{0}")]
+    CrashLoop(String),
+    #[error("{0}")]
+    #[strum(serialize = "OOMKilled")]
+    OomKilled(String),
+    #[error("{0}")]
+    ImagePullFailed(String),
+    #[error("{0}")]
+    Timeout(String),
+}
+
+impl Failure for PlaceFailure {
+    fn reason(&self) -> &'static str {
+        self.into()
+    }
+
+    fn recovery(&self) -> Recovery {
+        match self {
+            PlaceFailure::Unschedulable(_) => Recovery::Heals(RETRY_UNSCHEDULABLE),
+            _ => Recovery::Heals(RETRY_FAILING),
+        }
+    }
+}
+
+/// What the stage decided and the status it writes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub outcome: Outcome,
+    pub placement: Option<PlacementStatus>,
+    pub replicas: i32,
+    pub ready_replicas: i32,
+}
+
+/// The pure decision for the ModelServe `name` in `namespace` from what was observed.
+pub fn decide(
+    name: &str,
+    namespace: &str,
+    observed: &Observed,
+    now: Timestamp,
+    limits: &Limits,
+    previous: Option<&PlacementStatus>,
+) -> Decision {
+    let ds = observed.deployment.as_ref().and_then(|d| d.status.as_ref());
+    let replicas = ds.and_then(|s| s.replicas).unwrap_or(0);
+    let ready_replicas = ds.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let wanted = observed
+        .deployment
+        .as_ref()
+        .and_then(|d| d.spec.as_ref()?.replicas)
+        .unwrap_or(1);
+    let waiting = |message: String| Outcome::waiting(Progress::Placing, message, POLL);
+    if observed.deployment.is_none() {
+        return Decision {
+            outcome: waiting(format!(
+                "the Deployment {name} does not exist yet; the Catalog stage creates it"
+            )),
+            placement: None,
+            replicas,
+            ready_replicas,
+        };
+    }
+    // Until the Deployment controller has seen the latest spec, its newest ReplicaSet may still
+    // be the previous one, whose ready pods would pass for the new spec's.
+    if let Some(d) = &observed.deployment
+        && d.metadata.generation > ds.and_then(|s| s.observed_generation)
+    {
+        return Decision {
+            outcome: waiting(format!(
+                "the Deployment {name} is rolling out its new spec (generation {})",
+                d.metadata.generation.unwrap_or_default()
+            )),
+            placement: None,
+            replicas,
+            ready_replicas,
+        };
+    }
+    let (pods, since) = current_pods(observed);
+    let keep = previous.and_then(|p| p.uid.as_deref());
+    let (outcome, placement) = match verdict(&pods, since, now, limits, keep) {
+        Verdict::Ready { placement, ready } => {
+            let outcome = Outcome::done(
+                Progress::Placed,
+                format!(
+                    "{} is ready on {} at {} ({ready}/{wanted} replicas ready); clients use {}",
+                    placement.pod,
+                    placement.node.as_deref().unwrap_or("an unnamed node"),
+                    placement.address,
+                    endpoint(name, namespace)
+                ),
+            );
+            (outcome, Some(placement))
+        }
+        Verdict::Progress(m) => (waiting(m), None),
+        Verdict::Unschedulable(m) => (Outcome::failed(&PlaceFailure::Unschedulable(m)), None),
+        Verdict::CrashLoop(m) => (Outcome::failed(&PlaceFailure::CrashLoop(m)), None),
+        Verdict::OomKilled(m) => (Outcome::failed(&PlaceFailure::OomKilled(m)), None),
+        Verdict::ImagePull(m) => (Outcome::failed(&PlaceFailure::ImagePullFailed(m)), None),
+        Verdict::Timeout(m) => (Outcome::failed(&PlaceFailure::Timeout(m)), None),
+    };
+    Decision {
+        outcome,
+        placement,
+        replicas,
+        ready_replicas,
+    }
+}
+
+/// Runs the stage.
+pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
+    let name = ms.name_any();
+    let namespace = ms.namespace().unwrap_or_else(|| "default".into());
+    status.endpoint = Some(endpoint(&name, &namespace));
+    status.selector = Some(selector(ms));
+    let observed = observe(&env.cache, &namespace, &name);
+    let limits = Limits {
+        grace: env.settings.place_grace,
+        timeout: env.settings.place_timeout,
+        restarts: env.settings.crash_restarts,
+    };
+    let d = decide(
+        &name,
+        &namespace,
+        &observed,
+        env.clock.now(),
+        &limits,
+        status.placement.as_ref(),
+    );
+    status.replicas = d.replicas;
+    status.ready_replicas = d.ready_replicas;
+    status.placement = d.placement;
+    d.outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+
+    #[test]
+    fn decide_waits_for_the_deployment_and_reports_a_ready_replica_with_the_endpoint() {
+        let none = decide(
+            "m",
+            "ns",
+            &Observed::default(),
+            ts("2026-11-29T20:00:00Z"),
+            &LIMITS,
+            None,
+        );
+        assert!(
+            matches!(&none.outcome, Outcome::Waiting { reason: Progress::Placing, message, .. } if message.contains("Deployment m does not exist yet")),
+            "{none:?}"
+        );
+        let mut ready = fixture(READY);
+        ready.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        let observed = Observed {
+            deployment: Some(deployment()),
+            replica_sets: vec![replica_set("rs1", "1")],
+            pods: vec![ready],
+        };
+        let d = decide(
+            "m",
+            "ns",
+            &observed,
+            ts("2026-11-29T20:10:00Z"),
+            &LIMITS,
+            None,
+        );
+        assert_eq!(
+            d.outcome,
+            Outcome::done(
+                Progress::Placed,
+                "m-6f4bd78f57-w9n7h is ready on kwok-large at 127.1.0.4:8080 (1/1 replicas ready); clients use http://m.ns.svc:8080/v1"
+            )
+        );
+        assert_eq!(d.placement.unwrap().address, "127.1.0.4:8080");
+    }
+
+    #[test]
+    fn a_spec_the_deployment_controller_has_not_seen_yet_is_not_placed_by_the_old_pods() {
+        let mut ready = fixture(READY);
+        ready.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        let mut d = deployment();
+        d.metadata.generation = Some(3);
+        d.status.as_mut().unwrap().observed_generation = Some(2);
+        let mut observed = Observed {
+            deployment: Some(d),
+            replica_sets: vec![replica_set("rs1", "1")],
+            pods: vec![ready],
+        };
+        let now = ts("2026-11-29T20:10:00Z");
+        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert_eq!(
+            d.outcome,
+            Outcome::Waiting {
+                reason: Progress::Placing,
+                message: "the Deployment m is rolling out its new spec (generation 3)".into(),
+                after: POLL
+            }
+        );
+        let status = observed
+            .deployment
+            .as_mut()
+            .unwrap()
+            .status
+            .as_mut()
+            .unwrap();
+        status.observed_generation = Some(3);
+        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
+    }
+
+    #[test]
+    fn failures_map_to_reasons_and_are_retried() {
+        let mut crashing = fixture(CRASHLOOP);
+        crashing.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        let observed = Observed {
+            deployment: Some(deployment()),
+            replica_sets: vec![replica_set("rs1", "1")],
+            pods: vec![crashing],
+        };
+        let d = decide(
+            "m",
+            "ns",
+            &observed,
+            ts("2026-11-29T20:10:00Z"),
+            &LIMITS,
+            None,
+        );
+        assert!(
+            matches!(&d.outcome, Outcome::Failed { reason, recovery: Recovery::Heals(_), .. } if reason == "CrashLoop"),
+            "{:?}",
+            d.outcome
+        );
+    }
+}
