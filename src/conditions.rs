@@ -197,7 +197,10 @@ pub fn truncate(s: &str, max: usize) -> String {
     if s.len() <= max {
         return s.to_string();
     }
-    let end = (0..=max).rev().find(|i| s.is_char_boundary(*i)).unwrap_or(0);
+    let end = (0..=max)
+        .rev()
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(0);
     format!("{}…", s.get(..end).unwrap_or_default())
 }
 

@@ -83,7 +83,9 @@ pub fn human_duration(d: Duration) -> String {
     if whole.is_zero() {
         return "0s".into();
     }
-    humantime::format_duration(whole).to_string().replace(' ', "")
+    humantime::format_duration(whole)
+        .to_string()
+        .replace(' ', "")
 }
 
 /// A short, stable digest of `bytes` (16 hex characters of SHA-256), for annotations and keys

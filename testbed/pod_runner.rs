@@ -8,8 +8,8 @@
 //! it (emptyDir: empty; secret: one file per key, read from the API), runs the init containers in
 //! order (`modelserve` is the binary given by `--modelserve-bin`), then the main container with
 //! the binary given by `--llama-server-bin`, listening on the pod IP. Arguments that start with a
-//! mount path point into the mapped directories instead. A main container that exits is started
-//! again with a growing pause, as a kubelet does. Logs go to `<pod dir>/logs/<container>.log`.
+//! mount path point into the mapped directories instead. An init container that fails, and a
+//! main container that exits, are started again with a growing pause, as a kubelet does. Logs go to `<pod dir>/logs/<container>.log`.
 //! When the pod is deleted or replaced its processes (their whole process groups) are killed and
 //! its directory removed; SIGTERM or SIGINT kills every child.
 //!
@@ -236,21 +236,31 @@ async fn run_pod(
     };
     let Some(spec) = &pod.spec else { return };
     for c in spec.init_containers.iter().flatten() {
-        let Some(cmd) = command(c, &volumes, &args, None) else {
-            tracing::error!(pod = %key, container = %c.name, "an init container without a command; not running the pod");
-            return;
-        };
-        tracing::info!(pod = %key, container = %c.name, "running init container");
-        match run_process(&key, &c.name, cmd, &dir, &stop, args.grace).await {
-            Exit::Stopped => return,
-            Exit::Code(0) => {
-                tracing::info!(pod = %key, container = %c.name, "init container succeeded")
-            }
-            Exit::Code(code) => {
-                let tail = log_tail(&dir, &c.name);
-                tracing::error!(pod = %key, container = %c.name, code, %tail, "init container failed; the pod stays stopped");
+        // As a kubelet does for restartPolicy Always: a failed init container runs again after
+        // a growing pause, and the pod goes no further until it succeeds.
+        let mut pause = Duration::from_secs(1);
+        loop {
+            let Some(cmd) = command(c, &volumes, &args, None) else {
+                tracing::error!(pod = %key, container = %c.name, "an init container without a command; not running the pod");
                 return;
+            };
+            tracing::info!(pod = %key, container = %c.name, "running init container");
+            match run_process(&key, &c.name, cmd, &dir, &stop, args.grace).await {
+                Exit::Stopped => return,
+                Exit::Code(0) => {
+                    tracing::info!(pod = %key, container = %c.name, "init container succeeded");
+                    break;
+                }
+                Exit::Code(code) => {
+                    let tail = log_tail(&dir, &c.name);
+                    tracing::warn!(pod = %key, container = %c.name, code, ?pause, %tail, "init container failed; running it again");
+                }
             }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(10));
         }
     }
     let Some(main) = spec
@@ -293,7 +303,10 @@ fn log_tail(dir: &Path, container: &str) -> String {
     let text = std::fs::read_to_string(dir.join("logs").join(format!("{container}.log")))
         .unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(5)..].join(" | ")
+    lines
+        .get(lines.len().saturating_sub(5)..)
+        .unwrap_or_default()
+        .join(" | ")
 }
 
 /// Each volume's directory, by volume name; None when stopped while waiting for a Secret.

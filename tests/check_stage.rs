@@ -13,7 +13,7 @@ use support::models::Dense;
 use support::{Operator, Testbed, condition, eventually};
 
 async fn checked_as(api: &Api<ModelServe>, name: &str, status: &str) -> ModelServeStatus {
-    let found = eventually(Duration::from_secs(10), async || {
+    let found = eventually(Duration::from_secs(90), async || {
         let s = api.get(name).await.ok()?.status?;
         let c = s.conditions.iter().find(|c| c.type_ == "Checked")?;
         (c.status == status).then_some(s)

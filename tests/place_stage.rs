@@ -167,10 +167,13 @@ async fn a_replica_bigger_than_every_node_is_unschedulable_in_the_schedulers_wor
     );
     assert!(m.ends_with("(a replica requests 100Gi of memory)"), "{m}");
     assert!(
-        matches!(d.outcome, Outcome::Failed {
+        matches!(
+            d.outcome,
+            Outcome::Failed {
                 recovery: modelserve::pipeline::Recovery::Heals(_),
                 ..
-            }),
+            }
+        ),
         "a node may be added: retried, not permanent"
     );
     assert_eq!(d.placement, None);

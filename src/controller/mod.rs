@@ -22,9 +22,9 @@ use crate::Error;
 use crate::api::ModelServe;
 use crate::conditions::SystemClock;
 use crate::names::FIELD_MANAGER;
+pub use crate::pipeline::env::{DEFAULT_ENGINE_IMAGE, DEFAULT_PULL_IMAGE};
 use crate::pipeline::{Env, env::Settings};
 use crate::telemetry::{self, Health, Metrics, Watchdog};
-pub use crate::pipeline::env::{DEFAULT_ENGINE_IMAGE, DEFAULT_PULL_IMAGE};
 pub use crate::units::parse_duration;
 
 /// Settings of `modelserve controller`.

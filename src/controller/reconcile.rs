@@ -74,7 +74,9 @@ async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error
         }
         publish(ctx, ms, t).await;
     }
-    Ok(Action::requeue(retry.unwrap_or_else(|| jittered(ctx.resync, RESYNC_JITTER))))
+    Ok(Action::requeue(
+        retry.unwrap_or_else(|| jittered(ctx.resync, RESYNC_JITTER)),
+    ))
 }
 
 /// When to look again. A transient failure takes the next step of the object's backoff, and
@@ -206,13 +208,10 @@ async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
     let event = Event {
         type_,
         reason: t.reason.clone(),
-        note: Some(conditions::truncate(&format!(
-            "{} {} -> {}: {}",
-            t.type_,
-            from,
-            t.to.as_str(),
-            t.message
-        ), 1000)),
+        note: Some(conditions::truncate(
+            &format!("{} {} -> {}: {}", t.type_, from, t.to.as_str(), t.message),
+            1000,
+        )),
         action: t.type_.into(),
         secondary: None,
     };
@@ -261,7 +260,11 @@ mod tests {
         pipeline::decide(
             &[(
                 Stage::Resolve,
-                Outcome::waiting(Progress::WaitingForResolve, "asking", Duration::from_secs(5)),
+                Outcome::waiting(
+                    Progress::WaitingForResolve,
+                    "asking",
+                    Duration::from_secs(5),
+                ),
             )],
             1,
         )

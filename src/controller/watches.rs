@@ -71,6 +71,18 @@ impl Watches {
             }
         }));
 
+        let (synced_tx, synced) = tokio::sync::watch::channel(false);
+        tokio::spawn(crate::pipeline::cache::announce_synced(
+            (
+                deployments.clone(),
+                replica_sets.clone(),
+                pods.clone(),
+                services.clone(),
+                secrets.clone(),
+                nodes.clone(),
+            ),
+            synced_tx,
+        ));
         Watches {
             models,
             cache: Cache {
@@ -80,6 +92,7 @@ impl Watches {
                 services,
                 secrets,
                 nodes,
+                synced,
             },
             model_events,
             deployments: deployment_events,
@@ -113,7 +126,11 @@ where
 
 /// A cache of the operator's objects of one kind, and the stream of their changes (deletions
 /// included, so a deleted object is put back).
-fn owned<K>(client: &Client, namespace: Option<&str>, config: watcher::Config) -> (Store<K>, Events<K>)
+fn owned<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    config: watcher::Config,
+) -> (Store<K>, Events<K>)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone

@@ -21,11 +21,14 @@ pub struct Cache {
     pub services: Store<Service>,
     pub secrets: Store<Secret>,
     pub nodes: Store<Node>,
+    /// True once every store has listed (see [`announce_synced`]).
+    pub synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Cache {
     pub fn deployment(&self, namespace: &str, name: &str) -> Option<Arc<Deployment>> {
-        self.deployments.get(&ObjectRef::new(name).within(namespace))
+        self.deployments
+            .get(&ObjectRef::new(name).within(namespace))
     }
 
     pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
@@ -52,45 +55,48 @@ impl Cache {
 
     /// Whether every watch has listed once: before that, an absent object may only be unseen.
     pub fn synced(&self) -> bool {
-        [
-            self.deployments.is_empty_or_ready(),
-            self.replica_sets.is_empty_or_ready(),
-            self.pods.is_empty_or_ready(),
-            self.services.is_empty_or_ready(),
-            self.secrets.is_empty_or_ready(),
-            self.nodes.is_empty_or_ready(),
-        ]
-        .iter()
-        .all(|ready| *ready)
+        *self.synced.borrow()
     }
 
     /// Waits until every watch has listed once.
     pub async fn wait_until_synced(&self) {
-        // A writer that is dropped never gets ready; the controller's watches live as long as
-        // the process, so the only error means shutdown.
-        let _ = futures::join!(
-            self.deployments.wait_until_ready(),
-            self.replica_sets.wait_until_ready(),
-            self.pods.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.secrets.wait_until_ready(),
-            self.nodes.wait_until_ready(),
-        );
+        let mut rx = self.synced.clone();
+        // An Err means the sender is gone: the process is shutting down.
+        let _ = rx.wait_for(|synced| *synced).await;
     }
 }
 
-/// Readiness of a store, as a method so [`Cache::synced`] reads as a list.
-trait Ready {
-    fn is_empty_or_ready(&self) -> bool;
-}
-
-impl<K> Ready for Store<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    fn is_empty_or_ready(&self) -> bool {
-        futures::FutureExt::now_or_never(self.wait_until_ready()).is_some()
+/// Says once, to any number of waiters, when every store of `cache` has listed. Each store is
+/// awaited by this one task only: a store's readiness is a oneshot that wakes one waiter.
+pub async fn announce_synced(
+    stores: (
+        Store<Deployment>,
+        Store<ReplicaSet>,
+        Store<Pod>,
+        Store<Service>,
+        Store<Secret>,
+        Store<Node>,
+    ),
+    tx: tokio::sync::watch::Sender<bool>,
+) {
+    let (d, r, p, s, k, n) = stores;
+    let ready = futures::join!(
+        d.wait_until_ready(),
+        r.wait_until_ready(),
+        p.wait_until_ready(),
+        s.wait_until_ready(),
+        k.wait_until_ready(),
+        n.wait_until_ready(),
+    );
+    // A writer dropped before listing means the watches are gone with the process.
+    if ready.0.is_ok()
+        && ready.1.is_ok()
+        && ready.2.is_ok()
+        && ready.3.is_ok()
+        && ready.4.is_ok()
+        && ready.5.is_ok()
+    {
+        let _ = tx.send(true);
     }
 }
 
@@ -158,6 +164,7 @@ pub mod fixture {
                 services: store(self.services),
                 secrets: store(self.secrets),
                 nodes: store(self.nodes),
+                synced: tokio::sync::watch::channel(true).1,
             }
         }
     }

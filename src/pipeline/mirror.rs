@@ -190,7 +190,11 @@ fn settled(ms: &ModelServe, key: &str) -> Option<Outcome> {
     holds.then(|| Outcome::done(Progress::Mirrored, c.message.clone()))
 }
 
-async fn ask(env: &Env, ms: &ModelServe, resolved: &ResolvedStatus) -> Result<Status, MirrorFailure> {
+async fn ask(
+    env: &Env,
+    ms: &ModelServe,
+    resolved: &ResolvedStatus,
+) -> Result<Status, MirrorFailure> {
     let Some(url) = env.settings.mirror_url.as_deref() else {
         return Err(MirrorFailure::MirrorNotConfigured);
     };
@@ -226,7 +230,10 @@ async fn ask(env: &Env, ms: &ModelServe, resolved: &ResolvedStatus) -> Result<St
         .await
         .map_err(|e| unavailable(format!("the answer broke off: {e}")))?;
     if !code.is_success() {
-        let text: String = String::from_utf8_lossy(&body).chars().take(QUOTED).collect();
+        let text: String = String::from_utf8_lossy(&body)
+            .chars()
+            .take(QUOTED)
+            .collect();
         return Err(MirrorFailure::MirrorRefused {
             code: code.as_u16(),
             body: text,
@@ -341,7 +348,11 @@ mod tests {
         .unwrap();
         assert!(pull_failing(&[std::sync::Arc::new(pod.clone())]));
         let mut ok = pod;
-        if let Some(s) = ok.status.as_mut().and_then(|s| s.init_container_statuses.as_mut()) {
+        if let Some(s) = ok
+            .status
+            .as_mut()
+            .and_then(|s| s.init_container_statuses.as_mut())
+        {
             s[0].last_state = None;
             s[0].state = Some(Default::default());
         }

@@ -110,7 +110,12 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> R
             status.smoke = None;
             break;
         }
-        let outcome = guarded(stage, env.settings.stage_timeout, run_stage(stage, env, ms, status)).await;
+        let outcome = guarded(
+            stage,
+            env.settings.stage_timeout,
+            run_stage(stage, env, ms, status),
+        )
+        .await;
         let done = outcome.is_done();
         outcomes.push((stage, outcome));
         if !done {
@@ -125,11 +130,7 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> R
 }
 
 /// Runs one stage so that a panic or a stage that will not end becomes its failed condition.
-pub async fn guarded(
-    stage: Stage,
-    limit: Duration,
-    run: impl Future<Output = Outcome>,
-) -> Outcome {
+pub async fn guarded(stage: Stage, limit: Duration, run: impl Future<Output = Outcome>) -> Outcome {
     match tokio::time::timeout(limit, AssertUnwindSafe(run).catch_unwind()).await {
         Ok(Ok(outcome)) => outcome,
         Ok(Err(panic)) => {
@@ -206,10 +207,18 @@ pub fn decide(outcomes: &[(Stage, Outcome)], replicas: i32) -> Report {
             Some(msg) => (Progress::OnDemand, msg.clone()),
             None => (
                 Progress::WaitingForEarlierStage,
-                format!("waits for the {} stage", stage.map_or("previous", Stage::name)),
+                format!(
+                    "waits for the {} stage",
+                    stage.map_or("previous", Stage::name)
+                ),
             ),
         };
-        conditions.push(Desired::new(s.condition(), Status::Unknown, reason.reason(), message));
+        conditions.push(Desired::new(
+            s.condition(),
+            Status::Unknown,
+            reason.reason(),
+            message,
+        ));
     }
     Report {
         stage,
@@ -231,7 +240,14 @@ mod tests {
     #[test]
     fn later_stages_wait_for_the_first_one_not_done() {
         let w = Outcome::waiting(Progress::Mirroring, "41%", Duration::from_secs(5));
-        let r = decide(&[(Stage::Resolve, done()), (Stage::Check, done()), (Stage::Mirror, w)], 1);
+        let r = decide(
+            &[
+                (Stage::Resolve, done()),
+                (Stage::Check, done()),
+                (Stage::Mirror, w),
+            ],
+            1,
+        );
         assert_eq!(r.conditions.len(), 6);
         assert_eq!(
             (r.conditions[2].status, r.conditions[2].reason.as_str()),
@@ -271,10 +287,16 @@ mod tests {
         let r = decide(&[(Stage::Resolve, failed(Recovery::TRANSIENT))], 1);
         assert_eq!((r.requeue, r.transient), (None, Some(Duration::ZERO)));
         let r = decide(
-            &[(Stage::Resolve, failed(Recovery::Heals(Duration::from_secs(30))))],
+            &[(
+                Stage::Resolve,
+                failed(Recovery::Heals(Duration::from_secs(30))),
+            )],
             1,
         );
-        assert_eq!((r.requeue, r.transient), (Some(Duration::from_secs(30)), None));
+        assert_eq!(
+            (r.requeue, r.transient),
+            (Some(Duration::from_secs(30)), None)
+        );
     }
 
     #[test]
@@ -300,7 +322,10 @@ mod tests {
         let o = guarded(Stage::Check, Duration::from_secs(5), async {
             let name = "xéé";
             // A byte index inside a character, as the selection once did.
-            let cut = name.get(..2).map(str::len).unwrap_or_else(|| panic!("byte index 2 is not a char boundary"));
+            let cut = name
+                .get(..2)
+                .map(str::len)
+                .unwrap_or_else(|| panic!("byte index 2 is not a char boundary"));
             Outcome::done(Progress::Checked, format!("{cut}"))
         })
         .await;
@@ -311,7 +336,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stage_that_never_ends_is_stopped_at_the_limit() {
-        let o = guarded(Stage::Resolve, Duration::from_secs(300), std::future::pending()).await;
+        let o = guarded(
+            Stage::Resolve,
+            Duration::from_secs(300),
+            std::future::pending(),
+        )
+        .await;
         assert_eq!(o.reason(), "StageTimeout");
         assert!(o.message().contains("300s"), "{}", o.message());
     }

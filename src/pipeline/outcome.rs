@@ -33,9 +33,7 @@ pub trait Failure: std::error::Error {
 }
 
 /// The reasons of a stage that is done or on its way, and of the stages after it.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantNames,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantNames)]
 pub enum Progress {
     /// Resolve is done: the set is chosen and the commit pinned.
     Resolved,
@@ -203,7 +201,10 @@ mod tests {
 
     #[test]
     fn progress_reasons_are_their_variant_names() {
-        assert_eq!(Progress::WaitingForEarlierStage.reason(), "WaitingForEarlierStage");
+        assert_eq!(
+            Progress::WaitingForEarlierStage.reason(),
+            "WaitingForEarlierStage"
+        );
         assert!(<Progress as strum::VariantNames>::VARIANTS.contains(&"OnDemand"));
     }
 

@@ -43,8 +43,14 @@ fn registry() -> Vec<&'static str> {
             repo: s(),
             revision: s(),
         },
-        HubError::GatedNoToken { repo: s(), url: s() },
-        HubError::GatedNotApproved { repo: s(), url: s() },
+        HubError::GatedNoToken {
+            repo: s(),
+            url: s(),
+        },
+        HubError::GatedNotApproved {
+            repo: s(),
+            url: s(),
+        },
         HubError::FileNotFound {
             repo: s(),
             revision: s(),
@@ -80,7 +86,10 @@ fn registry() -> Vec<&'static str> {
 fn selection() -> Vec<&'static str> {
     let s = String::new;
     [
-        SelectError::NoGguf { repo: s(), files: 0 },
+        SelectError::NoGguf {
+            repo: s(),
+            files: 0,
+        },
         SelectError::NoMatchingQuant {
             repo: s(),
             quant: s(),
@@ -117,8 +126,14 @@ fn selection() -> Vec<&'static str> {
             file: s(),
             what: "",
         },
-        SelectError::NotGguf { repo: s(), file: s() },
-        SelectError::NoChecksum { repo: s(), file: s() },
+        SelectError::NotGguf {
+            repo: s(),
+            file: s(),
+        },
+        SelectError::NoChecksum {
+            repo: s(),
+            file: s(),
+        },
     ]
     .iter()
     .map(SelectError::reason)

@@ -93,7 +93,16 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
         Err(message) => return Outcome::failed(&SmokeFailure::EngineKeyMissing(message)),
     };
     let served = served_name_of(&ms.spec);
-    match call(&env.http, &place, &key, &served, &spec.prompt, spec.max_tokens).await {
+    match call(
+        &env.http,
+        &place,
+        &key,
+        &served,
+        &spec.prompt,
+        spec.max_tokens,
+    )
+    .await
+    {
         Answer::Reply(mut smoke) => {
             smoke.at = Some(Time(env.clock.now()));
             let message = summary(&smoke);

@@ -103,7 +103,12 @@ pub async fn token(env: &Env, ms: &ModelServe) -> Result<Option<Secret>, TokenFa
             });
         }
     };
-    match secret.data.as_ref().and_then(|d| d.get(&key)).and_then(text) {
+    match secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&key))
+        .and_then(text)
+    {
         Some(t) => Ok(Some(t)),
         None => Err(TokenFailure::TokenKeyMissing {
             namespace,

@@ -152,7 +152,9 @@ mod tests {
         assert_eq!(dog.stuck(now + Duration::from_secs(3600)), None, "idle");
         let running = dog.start();
         assert_eq!(dog.stuck(now + Duration::from_secs(30)), None);
-        let why = dog.stuck(Instant::now() + Duration::from_secs(120)).unwrap();
+        let why = dog
+            .stuck(Instant::now() + Duration::from_secs(120))
+            .unwrap();
         assert!(why.contains("limit 60s"), "{why}");
         drop(running);
         assert_eq!(dog.stuck(Instant::now() + Duration::from_secs(3600)), None);

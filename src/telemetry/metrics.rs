@@ -163,7 +163,10 @@ mod tests {
         m.set_models(["Check", "Check", "Ready"]);
         m.set_models(["Check", "Mirror"]);
         let text = m.encode();
-        assert!(!text.contains("stage=\"Ready\""), "a deleted model is forgotten: {text}");
+        assert!(
+            !text.contains("stage=\"Ready\""),
+            "a deleted model is forgotten: {text}"
+        );
         assert!(
             text.contains("modelserve_models{stage=\"Check\"} 1"),
             "{text}"

@@ -63,7 +63,9 @@ where
 pub fn label<B>(req: &http::Request<B>) -> RequestLabel {
     let uri = req.uri();
     let query = uri.query().unwrap_or("");
-    let watch = query.split('&').any(|kv| kv == "watch=true" || kv == "watch=1");
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
     let content = req
         .headers()
         .get(http::header::CONTENT_TYPE)
@@ -139,7 +141,11 @@ mod tests {
             l("get", "deployments")
         );
         assert_eq!(
-            req("GET", "/apis/apps/v1/deployments?labelSelector=x&watch=true&timeoutSeconds=290", ""),
+            req(
+                "GET",
+                "/apis/apps/v1/deployments?labelSelector=x&watch=true&timeoutSeconds=290",
+                ""
+            ),
             l("watch", "deployments")
         );
         assert_eq!(req("GET", "/api/v1/nodes", ""), l("list", "nodes"));
@@ -156,7 +162,11 @@ mod tests {
             l("create", "secrets")
         );
         assert_eq!(
-            req("PATCH", "/apis/events.k8s.io/v1/namespaces/a/events/e", "application/merge-patch+json"),
+            req(
+                "PATCH",
+                "/apis/events.k8s.io/v1/namespaces/a/events/e",
+                "application/merge-patch+json"
+            ),
             l("patch", "events")
         );
         assert_eq!(req("GET", "/version", "").verb, "list");
@@ -166,9 +176,10 @@ mod tests {
     fn the_layer_counts_each_request_once() {
         use tower::{Layer, Service};
         let family = Requests::default();
-        let mut svc = CountLayer(family.clone()).layer(tower::service_fn(
-            |_r: http::Request<()>| async { Ok::<_, std::convert::Infallible>(()) },
-        ));
+        let mut svc =
+            CountLayer(family.clone()).layer(tower::service_fn(|_r: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(())
+            }));
         let r = || http::Request::get("/api/v1/nodes").body(()).unwrap();
         futures::executor::block_on(async {
             let _ = svc.call(r()).await;

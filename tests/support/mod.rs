@@ -142,6 +142,141 @@ impl Testbed {
     }
 }
 
+/// A second kube-apiserver of the test bed's build on the same etcd under a prefix of its own:
+/// a cluster with nothing in it (no CRD), for tests that need one. Stopped, and its keys
+/// removed from etcd, when dropped.
+pub struct EmptyApiServer {
+    child: std::process::Child,
+    prefix: String,
+    _dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+}
+
+impl Testbed {
+    pub fn empty_apiserver(&self) -> EmptyApiServer {
+        let state = self.kubeconfig.parent().expect("state dir").to_path_buf();
+        let pki = state.join("pki");
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let prefix = format!("/modelserve-empty-{}", std::process::id());
+        let child = Command::new(self.bin.join("kube-apiserver"))
+            .args([
+                &format!("--etcd-servers=http://127.0.0.1:{}", etcd_port()),
+                &format!("--etcd-prefix={prefix}"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                &format!("--cert-dir={}", dir.path().display()),
+                &format!("--token-auth-file={}", pki.join("tokens.csv").display()),
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                &format!(
+                    "--service-account-key-file={}",
+                    pki.join("sa.pub").display()
+                ),
+                &format!(
+                    "--service-account-signing-key-file={}",
+                    pki.join("sa.key").display()
+                ),
+                "--service-cluster-ip-range=10.97.0.0/16",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start a second kube-apiserver");
+        let kc = std::fs::read_to_string(&self.kubeconfig).unwrap();
+        let token = kc
+            .split("token: ")
+            .nth(1)
+            .and_then(|t| t.split('}').next())
+            .expect("the test bed's token")
+            .trim()
+            .to_string();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: e, cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}}}]\nusers: [{{name: e, user: {{token: {token}}}}}]\ncontexts: [{{name: e, context: {{cluster: e, user: e}}}}]\ncurrent-context: e\n"
+            ),
+        )
+        .unwrap();
+        let server = EmptyApiServer {
+            child,
+            prefix,
+            _dir: dir,
+            kubeconfig,
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = Command::new(self.bin.join("kubectl"))
+                .args(["get", "--raw", "/readyz"])
+                .env("KUBECONFIG", &server.kubeconfig)
+                .output()
+                .unwrap();
+            if out.status.success() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the second kube-apiserver did not become ready: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        server
+    }
+}
+
+/// The test bed's etcd client port (the same default as scripts/testbed).
+fn etcd_port() -> u16 {
+    std::env::var("TESTBED_ETCD_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(23790)
+}
+
+impl Drop for EmptyApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Remove every key it wrote, through etcd's JSON gateway (keys are base64).
+        let b64 = base64_lite;
+        let start = b64(self.prefix.as_bytes());
+        let mut end = self.prefix.clone().into_bytes();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let body = format!("{{\"key\":\"{start}\",\"range_end\":\"{}\"}}", b64(&end));
+        let _ = Command::new("curl")
+            .args(["-fsS", "-X", "POST", "-d", &body])
+            .arg(format!(
+                "http://127.0.0.1:{}/v3/kv/deleterange",
+                etcd_port()
+            ))
+            .output();
+    }
+}
+
+/// Standard base64 of `b`, for etcd's gateway.
+fn base64_lite(b: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in b.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, v)| n | u32::from(*v) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 pub struct Namespace<'a> {
     tb: &'a Testbed,
     pub name: String,
@@ -274,7 +409,11 @@ impl Operator {
             .args(["--registry-endpoint", registry])
             .args(extra)
             .env("KUBECONFIG", &tb.kubeconfig)
-            .env("RUST_LOG", "info,modelserve=debug")
+            .env(
+                "RUST_LOG",
+                std::env::var("MODELSERVE_TEST_LOG")
+                    .unwrap_or_else(|_| "info,modelserve=debug".into()),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit())
             .spawn()

@@ -74,9 +74,8 @@ where
     let name = desired.name_any();
     let uid = ms.uid().unwrap_or_default();
     ensure_ours(live.as_ref().map(|l| l.meta()), kind, &name, &uid)?;
-    let want = serde_json::to_value(desired).map_err(|e| CatalogFailure::CatalogInvalid(
-        format!("cannot serialise the {kind}: {e}"),
-    ))?;
+    let want = serde_json::to_value(desired)
+        .map_err(|e| CatalogFailure::CatalogInvalid(format!("cannot serialise the {kind}: {e}")))?;
     if let Some(l) = &live
         && let Ok(have) = serde_json::to_value(l.as_ref())
         && covers(&have, &want)
@@ -85,7 +84,11 @@ where
     }
     let ns = ms.namespace().unwrap_or_else(|| "default".into());
     let applied = Api::<K>::namespaced(env.client.clone(), &ns)
-        .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(desired))
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
         .await
         .map_err(|source| CatalogFailure::ApiError {
             what: format!("applying the {kind} {name}"),
@@ -112,18 +115,10 @@ pub async fn engine_key(env: &Env, ms: &ModelServe) -> Result<Arc<Secret>, Catal
             name: Some(name.clone()),
             namespace: Some(ns.clone()),
             labels: Some(pod_labels(ms)),
-            owner_references: Some(vec![
-                owner(ms).map_err(CatalogFailure::CatalogInvalid)?,
-            ]),
+            owner_references: Some(vec![owner(ms).map_err(CatalogFailure::CatalogInvalid)?]),
             ..Default::default()
         },
-        data: Some(
-            [(
-                KEY_FIELD.to_string(),
-                ByteString(new_key()?.into_bytes()),
-            )]
-            .into(),
-        ),
+        data: Some([(KEY_FIELD.to_string(), ByteString(new_key()?.into_bytes()))].into()),
         type_: Some("Opaque".into()),
         ..Default::default()
     };
@@ -135,10 +130,7 @@ pub async fn engine_key(env: &Env, ms: &ModelServe) -> Result<Arc<Secret>, Catal
         Ok(s) => Ok(Arc::new(s)),
         // It exists and the cache has not seen it yet: use it as it is.
         Err(kube::Error::Api(e)) if e.code == 409 => {
-            let s = api
-                .get(&name)
-                .await
-                .map_err(|e| api_error("reading", e))?;
+            let s = api.get(&name).await.map_err(|e| api_error("reading", e))?;
             ensure_ours(Some(s.meta()), "Secret", &name, &uid)?;
             if key_of(&s).is_some() {
                 Ok(Arc::new(s))
@@ -170,8 +162,9 @@ pub fn key_of(s: &Secret) -> Option<&[u8]> {
 /// A new random engine key: 32 bytes from the OS, hex.
 fn new_key() -> Result<String, CatalogFailure> {
     let mut b = [0u8; 32];
-    getrandom::fill(&mut b)
-        .map_err(|e| CatalogFailure::EngineKeyFailed(format!("the OS gave no random bytes: {e}")))?;
+    getrandom::fill(&mut b).map_err(|e| {
+        CatalogFailure::EngineKeyFailed(format!("the OS gave no random bytes: {e}"))
+    })?;
     Ok(hex::encode(b))
 }
 
@@ -194,8 +187,14 @@ mod tests {
     #[test]
     fn a_hand_edit_of_an_owned_field_is_drift() {
         let desired = json!({"spec": {"replicas": 1, "args": ["--a", "1"]}});
-        assert!(!covers(&json!({"spec": {"replicas": 3, "args": ["--a", "1"]}}), &desired));
-        assert!(!covers(&json!({"spec": {"replicas": 1, "args": ["--a"]}}), &desired));
+        assert!(!covers(
+            &json!({"spec": {"replicas": 3, "args": ["--a", "1"]}}),
+            &desired
+        ));
+        assert!(!covers(
+            &json!({"spec": {"replicas": 1, "args": ["--a"]}}),
+            &desired
+        ));
         assert!(!covers(&json!({"spec": {"replicas": 1}}), &desired));
         assert!(!covers(&json!({}), &desired));
     }
@@ -215,6 +214,9 @@ mod tests {
         };
         assert!(ensure_ours(None, "Service", "m", "u").is_ok());
         let err = ensure_ours(Some(&meta), "Service", "m", "u").unwrap_err();
-        assert!(err.to_string().contains("a Service named m already exists"), "{err}");
+        assert!(
+            err.to_string().contains("a Service named m already exists"),
+            "{err}"
+        );
     }
 }

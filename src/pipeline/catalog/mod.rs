@@ -28,9 +28,7 @@ const RECHECK_TAKEN: Duration = Duration::from_secs(60);
 /// Why the serving objects cannot be what the spec asks.
 #[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 pub enum CatalogFailure {
-    #[error(
-        "the operator has no --mirror-url, so replicas have nowhere to copy the model from"
-    )]
+    #[error("the operator has no --mirror-url, so replicas have nowhere to copy the model from")]
     MirrorNotConfigured,
     #[error("{0}")]
     CatalogInvalid(String),

@@ -7,9 +7,9 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec,
-    Probe, ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort,
-    ServiceSpec, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -514,14 +514,21 @@ mod tests {
             serde_json::to_value(d.spec.unwrap().template).unwrap()
         };
         let before = template(&ms, "k1");
-        assert_ne!(before, template(&ms, "k2"), "the key digest is in the template");
+        assert_ne!(
+            before,
+            template(&ms, "k2"),
+            "the key digest is in the template"
+        );
         let mut renamed = ms.clone();
         renamed.spec.served_name = Some("chat".into());
         renamed.spec.aliases = vec!["gpt-4o".into()];
         let after = template(&renamed, "k1");
         assert_ne!(before, after);
         let args = args_of(&objects(&renamed, &r, &c, &settings(10587), "k1").unwrap().0);
-        assert_eq!(value_after(&args, "--alias").as_deref(), Some("chat,gpt-4o"));
+        assert_eq!(
+            value_after(&args, "--alias").as_deref(),
+            Some("chat,gpt-4o")
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub const RECHECK_NODES: Duration = Duration::from_secs(300);
 #[derive(Debug, thiserror::Error)]
 pub enum CheckFailure {
     /// The header could not be read or is not a loadable GGUF.
-    #[error("reading the GGUF header: {0}")]
+    #[error("{}", header_message(.0))]
     Header(#[source] ReadError),
     #[error("{source}{note}")]
     Unsupported {
@@ -45,6 +45,14 @@ pub enum CheckFailure {
     Registry(#[from] HubError),
     #[error(transparent)]
     Token(#[from] TokenFailure),
+}
+
+/// A registry failure says what was being read; a bad file speaks for itself.
+fn header_message(e: &ReadError) -> String {
+    match e {
+        ReadError::Source(SourceError::Hub(h)) => format!("reading the GGUF header: {h}"),
+        other => other.to_string(),
+    }
 }
 
 impl Failure for CheckFailure {
@@ -251,7 +259,12 @@ async fn read(
 }
 
 /// Compares what a replica will request with the nodes it may land on (from the cache).
-fn judge(env: &Env, ms: &ModelServe, status: &CheckStatus, p: &Plan) -> Result<String, CheckFailure> {
+fn judge(
+    env: &Env,
+    ms: &ModelServe,
+    status: &CheckStatus,
+    p: &Plan,
+) -> Result<String, CheckFailure> {
     let needed = status.memory_bytes.unwrap_or(0).max(0) as u64;
     let engine = ms.spec.engine.clone().unwrap_or_default();
     // The scheduler places a replica by the memory its pod requests: the user's, when set.

@@ -314,7 +314,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn the_request_names_quant_or_file() {
         assert_eq!(
