@@ -131,7 +131,10 @@ pub async fn run(
         .http
         .post(format!("{}/v1/fetch", url.trim_end_matches('/')))
         .timeout(Duration::from_secs(10))
-        .json(&Request { files, token })
+        .json(&Request {
+            files,
+            token: token.map(crate::secret::Secret::new),
+        })
         .send()
         .await;
     let status: Status = match answer {
