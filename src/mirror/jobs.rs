@@ -12,9 +12,6 @@ use super::store::{FileRef, Store};
 use crate::hub::{Hub, HubError};
 use crate::secret::Secret;
 
-/// Files queued or downloading at once, beyond which a request for more is refused (each holds
-/// a task and its progress until it ends).
-pub const MAX_LIVE: usize = 10_000;
 /// Files tracked before finished ones are forgotten (a present file is found again on disk).
 const PRUNE_AT: usize = 4096;
 
@@ -24,9 +21,9 @@ pub enum RequestError {
     #[error("{0}")]
     Invalid(Invalid),
     #[error(
-        "the mirror has {live} files queued or downloading and takes at most {MAX_LIVE}; ask again when some have finished"
+        "the mirror has {live} files queued or downloading and takes at most {most}; ask again when some have finished"
     )]
-    Busy { live: usize },
+    Busy { live: usize, most: usize },
 }
 
 /// The running mirror.
@@ -110,8 +107,9 @@ impl Mirror {
             .count();
         if new > 0 {
             let live = jobs.live();
-            if live.saturating_add(new) > MAX_LIVE {
-                return Err(RequestError::Busy { live });
+            let most = self.policy.queue.max(1);
+            if live.saturating_add(new) > most {
+                return Err(RequestError::Busy { live, most });
             }
         }
         let progress: Vec<_> = req
@@ -260,7 +258,8 @@ fn status(progress: &[Arc<Progress>]) -> Status {
             }
         })
         .collect();
-    let sum = |get: fn(&FileStatus) -> u64| files.iter().fold(0u64, |a, f| a.saturating_add(get(f)));
+    let sum =
+        |get: fn(&FileStatus) -> u64| files.iter().fold(0u64, |a, f| a.saturating_add(get(f)));
     Status {
         bytes_done: sum(|f| f.bytes_done),
         bytes_total: sum(|f| f.size),
@@ -272,6 +271,50 @@ fn status(progress: &[Arc<Progress>]) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn progress(path: &str, state: State) -> Arc<Progress> {
+        let p = Progress::new(FileRef {
+            repo: "o/r".into(),
+            commit: "a".repeat(40),
+            path: path.into(),
+            sha256: format!("{:0>64}", path.len()),
+            size: 1,
+        });
+        p.set(state);
+        Arc::new(p)
+    }
+
+    #[test]
+    fn pruning_forgets_present_files_and_old_failures_but_keeps_what_runs() {
+        let mut jobs = Jobs::default();
+        for (path, state) in [
+            ("a", State::Present),
+            ("bb", State::Failed),
+            ("ccc", State::Downloading),
+            ("dddd", State::Queued),
+        ] {
+            let p = progress(path, state);
+            jobs.files.insert(key(&p.file), p.clone());
+            jobs.by_sha.insert(p.file.sha256.clone(), p);
+        }
+        let recent = Policy::default();
+        jobs.prune(&recent);
+        assert_eq!(
+            jobs.files.len(),
+            3,
+            "a recent failure still holds off a retry"
+        );
+        assert_eq!(jobs.live(), 2);
+        let old = Policy {
+            retry_failed_after: std::time::Duration::ZERO,
+            ..Policy::default()
+        };
+        jobs.prune(&old);
+        let mut left: Vec<_> = jobs.files.values().map(|p| p.file.path.clone()).collect();
+        left.sort();
+        assert_eq!(left, ["ccc", "dddd"]);
+        assert_eq!(jobs.by_sha.len(), 2);
+    }
 
     #[test]
     fn a_token_quoted_back_by_the_registry_is_scrubbed() {

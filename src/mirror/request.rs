@@ -23,7 +23,8 @@ const REPO_VALID: &str = "it must be owner/name: letters, digits, '-', '_' and '
 const COMMIT_VALID: &str = "it must be the pinned commit, 40 lowercase hex digits";
 const PATH_VALID: &str = "it must be a relative path inside the repository of at most 1024 bytes: no leading '/', no '\\', no empty, '.' or '..' segment, no control characters";
 const SHA256_VALID: &str = "it must be the file's sha256, 64 lowercase hex digits";
-const SIZE_VALID: &str = "it must be the file's size in bytes, a whole number from 0 to 70368744177664 (64 TiB)";
+const SIZE_VALID: &str =
+    "it must be the file's size in bytes, a whole number from 0 to 70368744177664 (64 TiB)";
 
 /// A fetch or status request.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -224,7 +225,13 @@ fn file(o: &serde_json::Map<String, Value>) -> Result<FileRef, Invalid> {
         Some(Value::Number(n)) => n
             .as_u64()
             .ok_or_else(|| Invalid::new("size", Some(&n.to_string()), SIZE_VALID))?,
-        Some(_) => return Err(Invalid::new("size", None, format!("not a number; {SIZE_VALID}"))),
+        Some(_) => {
+            return Err(Invalid::new(
+                "size",
+                None,
+                format!("not a number; {SIZE_VALID}"),
+            ));
+        }
         None => return Err(Invalid::new("size", None, format!("missing; {SIZE_VALID}"))),
     };
     Ok(FileRef {
@@ -241,7 +248,9 @@ mod tests {
     use super::*;
 
     fn body(files: Value) -> Vec<u8> {
-        serde_json::json!({ "files": files }).to_string().into_bytes()
+        serde_json::json!({ "files": files })
+            .to_string()
+            .into_bytes()
     }
 
     fn good() -> Value {
@@ -275,19 +284,51 @@ mod tests {
     #[test]
     fn each_bad_field_is_named_with_what_would_be_valid() {
         for (file, field, valid) in [
-            (with("commit", "main".into()), "files[0].commit", "40 lowercase hex"),
-            (with("commit", "A".repeat(40).into()), "files[0].commit", "40 lowercase hex"),
+            (
+                with("commit", "main".into()),
+                "files[0].commit",
+                "40 lowercase hex",
+            ),
+            (
+                with("commit", "A".repeat(40).into()),
+                "files[0].commit",
+                "40 lowercase hex",
+            ),
             (with("repo", "a/..".into()), "files[0].repo", "owner/name"),
-            (with("path", "../../etc/passwd".into()), "files[0].path", "relative path"),
-            (with("path", "a//b".into()), "files[0].path", "relative path"),
-            (with("path", "x\u{0}y".into()), "files[0].path", "control characters"),
-            (with("sha256", "B".repeat(64).into()), "files[0].sha256", "64 lowercase hex"),
-            (with("size", (MAX_FILE_SIZE + 1).into()), "files[0].size", "64 TiB"),
+            (
+                with("path", "../../etc/passwd".into()),
+                "files[0].path",
+                "relative path",
+            ),
+            (
+                with("path", "a//b".into()),
+                "files[0].path",
+                "relative path",
+            ),
+            (
+                with("path", "x\u{0}y".into()),
+                "files[0].path",
+                "control characters",
+            ),
+            (
+                with("sha256", "B".repeat(64).into()),
+                "files[0].sha256",
+                "64 lowercase hex",
+            ),
+            (
+                with("size", (MAX_FILE_SIZE + 1).into()),
+                "files[0].size",
+                "64 TiB",
+            ),
             (with("size", (-1).into()), "files[0].size", "whole number"),
             (with("size", 1.5.into()), "files[0].size", "whole number"),
             (with("size", "12".into()), "files[0].size", "not a number"),
             (with("repo", 7.into()), "files[0].repo", "not a string"),
-            (serde_json::json!({"repo": "o/r"}), "files[0].commit", "missing"),
+            (
+                serde_json::json!({"repo": "o/r"}),
+                "files[0].commit",
+                "missing",
+            ),
             (serde_json::json!("o/r"), "files[0]", "must be an object"),
         ] {
             let e = refused(&body(serde_json::json!([file, good()])));
@@ -303,9 +344,16 @@ mod tests {
             let e = refused(b);
             assert!(e.field == "body" || e.field == "files", "{e}");
         }
-        let e = refused(serde_json::json!({"files": [], "token": {"t": "hf_x"}}).to_string().as_bytes());
+        let e = refused(
+            serde_json::json!({"files": [], "token": {"t": "hf_x"}})
+                .to_string()
+                .as_bytes(),
+        );
         assert_eq!(e.field, "token");
-        assert!(!e.to_string().contains("hf_x"), "a token is never echoed: {e}");
+        assert!(
+            !e.to_string().contains("hf_x"),
+            "a token is never echoed: {e}"
+        );
     }
 
     #[test]
@@ -314,7 +362,10 @@ mod tests {
         let e = refused(&body(many));
         assert_eq!(e.field, "files");
         assert!(e.why.contains("at most 1000 files"), "{e}");
-        let r = Request { files: vec![], token: None };
+        let r = Request {
+            files: vec![],
+            token: None,
+        };
         assert!(check(&r).is_ok());
     }
 
@@ -323,6 +374,9 @@ mod tests {
         let path = "ж".repeat(600);
         let e = refused(&body(serde_json::json!([with("path", path.into())])));
         let shown = e.value.unwrap();
-        assert!(shown.ends_with("...") && shown.chars().count() == 123, "{shown}");
+        assert!(
+            shown.ends_with("...") && shown.chars().count() == 123,
+            "{shown}"
+        );
     }
 }

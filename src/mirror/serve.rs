@@ -32,7 +32,8 @@ pub fn parse_range(v: Option<&HeaderValue>, size: u64) -> Result<Option<(u64, u6
     let Some(v) = v else {
         return Ok(None);
     };
-    let malformed = |shown: &str| RangeError::Malformed(Invalid::new("Range", Some(shown), RANGE_VALID));
+    let malformed =
+        |shown: &str| RangeError::Malformed(Invalid::new("Range", Some(shown), RANGE_VALID));
     let text = v
         .to_str()
         .map_err(|_| malformed(&String::from_utf8_lossy(v.as_bytes())))?;
@@ -96,7 +97,9 @@ pub(super) async fn serve_file(
         let e = Invalid::new(
             "path",
             Some(&path),
-            format!("it is not present on the mirror for {repo} at {commit}; POST /v1/fetch puts it there"),
+            format!(
+                "it is not present on the mirror for {repo} at {commit}; POST /v1/fetch puts it there"
+            ),
         );
         reject(StatusCode::NOT_FOUND, &e)
     };
@@ -116,10 +119,10 @@ pub(super) async fn serve_file(
         Err(RangeError::Unsatisfiable) => {
             let e = Invalid::new(
                 "Range",
-                headers
-                    .get(header::RANGE)
-                    .and_then(|v| v.to_str().ok()),
-                format!("the file has {size} bytes: a range must start before byte {size} and end after it starts"),
+                headers.get(header::RANGE).and_then(|v| v.to_str().ok()),
+                format!(
+                    "the file has {size} bytes: a range must start before byte {size} and end after it starts"
+                ),
             );
             let mut r = reject(StatusCode::RANGE_NOT_SATISFIABLE, &e);
             if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
@@ -163,10 +166,21 @@ mod tests {
         assert_eq!(range(b"bytes=2-5", 10), Ok(Some((2, 5))));
         assert_eq!(range(b"bytes=2-", 10), Ok(Some((2, 9))));
         assert_eq!(range(b"bytes=-3", 10), Ok(Some((7, 9))));
-        assert_eq!(range(b"bytes=-30", 10), Ok(Some((0, 9))), "a suffix longer than the file");
-        assert_eq!(range(b"bytes=2-500", 10), Ok(Some((2, 9))), "an end past the file is clamped");
+        assert_eq!(
+            range(b"bytes=-30", 10),
+            Ok(Some((0, 9))),
+            "a suffix longer than the file"
+        );
+        assert_eq!(
+            range(b"bytes=2-500", 10),
+            Ok(Some((2, 9))),
+            "an end past the file is clamped"
+        );
         assert_eq!(range(b"Bytes = 0-0", 10), Ok(Some((0, 0))));
-        assert_eq!(range(b"bytes=0-99999999999999999999999", 10), Ok(Some((0, 9))));
+        assert_eq!(
+            range(b"bytes=0-99999999999999999999999", 10),
+            Ok(Some((0, 9)))
+        );
     }
 
     #[test]
@@ -189,9 +203,19 @@ mod tests {
 
     #[test]
     fn an_inverted_range_or_one_beyond_the_end_is_not_satisfiable() {
-        for v in [&b"bytes=5-2"[..], b"bytes=10-", b"bytes=10-20", b"bytes=-0", b"bytes=99999999999999999999999-"] {
+        for v in [
+            &b"bytes=5-2"[..],
+            b"bytes=10-",
+            b"bytes=10-20",
+            b"bytes=-0",
+            b"bytes=99999999999999999999999-",
+        ] {
             assert_eq!(range(v, 10), Err("416"), "{}", String::from_utf8_lossy(v));
         }
-        assert_eq!(range(b"bytes=0-", 0), Err("416"), "an empty file has no byte to serve");
+        assert_eq!(
+            range(b"bytes=0-", 0),
+            Err("416"),
+            "an empty file has no byte to serve"
+        );
     }
 }

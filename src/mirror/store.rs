@@ -67,7 +67,10 @@ impl Store {
 
     /// The snapshot path of `path` in `repo` at `commit` (all three checked by the caller).
     pub fn snapshot_of(&self, repo: &str, commit: &str, path: &str) -> PathBuf {
-        self.repo_dir(repo).join("snapshots").join(commit).join(path)
+        self.repo_dir(repo)
+            .join("snapshots")
+            .join(commit)
+            .join(path)
     }
 
     /// Whether the file is present and verified: its snapshot link resolves to a blob of its size.

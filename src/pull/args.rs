@@ -284,7 +284,9 @@ mod tests {
     fn a_path_given_twice_or_too_many_files_are_refused() {
         let f = format!("{SHA}:12:m.gguf");
         assert!(message(&args(&[&f, &f])).contains("given more than once"));
-        let many: Vec<String> = (0..=MAX_FILES).map(|i| format!("{SHA}:1:m{i}.gguf")).collect();
+        let many: Vec<String> = (0..=MAX_FILES)
+            .map(|i| format!("{SHA}:1:m{i}.gguf"))
+            .collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(message(&args(&many)).contains("at most 1000 files per pull"));
     }

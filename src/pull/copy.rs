@@ -418,7 +418,14 @@ mod tests {
                 total: 100
             })
         );
-        for bad in ["bytes 10-99/*", "bytes 99-10/100", "bytes 10/100", "bytes=10-99/100", "bytes a-b/c", ""] {
+        for bad in [
+            "bytes 10-99/*",
+            "bytes 99-10/100",
+            "bytes 10/100",
+            "bytes=10-99/100",
+            "bytes a-b/c",
+            "",
+        ] {
             assert_eq!(cr(bad), None, "{bad}");
         }
     }

@@ -81,7 +81,11 @@ pub async fn pull(
         plan.mirror
     );
     std::fs::create_dir_all(&plan.dest).map_err(|source| PullError::Disk {
-        path: plan.files.first().map(|f| f.path.clone()).unwrap_or_default(),
+        path: plan
+            .files
+            .first()
+            .map(|f| f.path.clone())
+            .unwrap_or_default(),
         dest: dest.clone(),
         source,
     })?;

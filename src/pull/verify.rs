@@ -25,7 +25,11 @@ pub(super) fn check_room_for_all(plan: &Plan) -> Result<(), PullError> {
         needed = needed.saturating_add(f.size.saturating_sub(len(&part_path(&target))));
     }
     let free = free_space(&plan.dest).map_err(|source| PullError::Disk {
-        path: plan.files.first().map(|f| f.path.clone()).unwrap_or_default(),
+        path: plan
+            .files
+            .first()
+            .map(|f| f.path.clone())
+            .unwrap_or_default(),
         dest: plan.dest.display().to_string(),
         source,
     })?;

@@ -98,8 +98,14 @@ mod tests {
         assert_eq!(resume_from(&p, 10).unwrap().1, 0, "none there");
         std::fs::write(&p, b"abc").unwrap();
         let (h, have) = resume_from(&p, 10).unwrap();
-        assert_eq!((hex::encode(h.finalize()), have), (hex::encode(Sha256::digest(b"abc")), 3));
+        assert_eq!(
+            (hex::encode(h.finalize()), have),
+            (hex::encode(Sha256::digest(b"abc")), 3)
+        );
         assert_eq!(resume_from(&p, 2).unwrap().1, 0);
-        assert!(!p.exists(), "a copy longer than the file cannot be its start");
+        assert!(
+            !p.exists(),
+            "a copy longer than the file cannot be its start"
+        );
     }
 }

@@ -140,9 +140,7 @@ impl Partial {
 
     /// Bytes of segment `i` in place.
     pub fn done(&self, i: usize) -> u64 {
-        self.done
-            .get(i)
-            .map_or(0, |d| d.load(Ordering::Acquire))
+        self.done.get(i).map_or(0, |d| d.load(Ordering::Acquire))
     }
 
     /// Records that segment `i` has `bytes` in place (written to the file already); the ledger
@@ -251,7 +249,10 @@ mod tests {
         p.flush();
         drop(p);
         let again = Partial::resume(&part, &ledger, 3 << 20, 1 << 20).unwrap();
-        assert_eq!((again.done(0), again.done(1), again.done_total()), (0, 1000, 1000));
+        assert_eq!(
+            (again.done(0), again.done(1), again.done_total()),
+            (0, 1000, 1000)
+        );
         assert_eq!(again.contiguous(), 0);
         assert!(Partial::resume(&part, &ledger, 3 << 20, 2 << 20).is_none());
         assert!(Partial::resume(&part, &ledger, 4 << 20, 1 << 20).is_none());

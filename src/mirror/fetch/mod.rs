@@ -52,6 +52,9 @@ pub struct Policy {
     /// Files downloading at once on the whole mirror; more wait, queued. Each holds its
     /// connections and an 8 MiB hashing buffer, so a repo of many shards stays within bounds.
     pub downloads: usize,
+    /// Files queued or downloading at once, beyond which a request for more is refused (each
+    /// holds a task and its progress until it ends).
+    pub queue: usize,
 }
 
 impl Default for Policy {
@@ -66,6 +69,7 @@ impl Default for Policy {
             connections: 4,
             segment: 64 << 20,
             downloads: 8,
+            queue: 10_000,
         }
     }
 }

@@ -174,7 +174,12 @@ pub(super) fn check_answer(
             let Some(cr) = content_range(headers) else {
                 let got = headers
                     .get(CONTENT_RANGE)
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).chars().take(80).collect())
+                    .map(|v| {
+                        String::from_utf8_lossy(v.as_bytes())
+                            .chars()
+                            .take(80)
+                            .collect()
+                    })
                     .unwrap_or_else(|| "none".to_string());
                 return Err(Step::Retry(format!(
                     "the registry answered bytes {}-{last} with 206 but no usable Content-Range (got {got:?})",
@@ -258,28 +263,55 @@ mod tests {
 
     fn answer(status: u16, range: Option<&str>, length: Option<&str>) -> Result<u64, String> {
         let s = StatusCode::from_u16(status).unwrap();
-        check_answer(s, &headers(range, length), 100..200, false, &file(1000)).map_err(|e| match e {
-            Step::Retry(m) => format!("retry: {m}"),
-            Step::NoRanges => "no ranges".into(),
-            Step::Fatal(e) => format!("fatal: {e}"),
-        })
+        check_answer(s, &headers(range, length), 100..200, false, &file(1000)).map_err(
+            |e| match e {
+                Step::Retry(m) => format!("retry: {m}"),
+                Step::NoRanges => "no ranges".into(),
+                Step::Fatal(e) => format!("fatal: {e}"),
+            },
+        )
     }
 
     #[test]
     fn the_range_asked_for_is_accepted_with_where_its_body_ends() {
-        assert_eq!(answer(206, Some("bytes 100-199/1000"), Some("100")), Ok(200));
-        assert_eq!(answer(206, Some("bytes 100-149/*"), None), Ok(150), "a shorter answer resumes");
+        assert_eq!(
+            answer(206, Some("bytes 100-199/1000"), Some("100")),
+            Ok(200)
+        );
+        assert_eq!(
+            answer(206, Some("bytes 100-149/*"), None),
+            Ok(150),
+            "a shorter answer resumes"
+        );
     }
 
     #[test]
     fn a_content_range_that_lies_is_retried_or_fails_with_both_sizes() {
         for (range, want) in [
-            (Some("bytes 0-99/1000"), "retry: asked for bytes 100-199, the registry sent 0-99"),
-            (Some("bytes 100-299/1000"), "retry: asked for bytes 100-199, the registry sent 100-299"),
-            (Some("bytes 150-100/1000"), "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range (got \"bytes 150-100/1000\")"),
-            (Some("items 1-2/3"), "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range"),
-            (None, "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range (got \"none\")"),
-            (Some("bytes 100-199/5000"), "fatal: m.gguf: the registry published 1000 bytes but its download says 5000"),
+            (
+                Some("bytes 0-99/1000"),
+                "retry: asked for bytes 100-199, the registry sent 0-99",
+            ),
+            (
+                Some("bytes 100-299/1000"),
+                "retry: asked for bytes 100-199, the registry sent 100-299",
+            ),
+            (
+                Some("bytes 150-100/1000"),
+                "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range (got \"bytes 150-100/1000\")",
+            ),
+            (
+                Some("items 1-2/3"),
+                "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range",
+            ),
+            (
+                None,
+                "retry: the registry answered bytes 100-199 with 206 but no usable Content-Range (got \"none\")",
+            ),
+            (
+                Some("bytes 100-199/5000"),
+                "fatal: m.gguf: the registry published 1000 bytes but its download says 5000",
+            ),
         ] {
             let got = answer(206, range, None).unwrap_err();
             assert!(got.starts_with(want), "{range:?}: {got}");
@@ -299,13 +331,23 @@ mod tests {
     fn a_whole_file_answer_is_fine_only_for_the_whole_file() {
         assert_eq!(answer(200, None, Some("1000")), Err("no ranges".into()));
         let whole = |len: &str| {
-            check_answer(StatusCode::OK, &headers(None, Some(len)), 0..1000, true, &file(1000))
+            check_answer(
+                StatusCode::OK,
+                &headers(None, Some(len)),
+                0..1000,
+                true,
+                &file(1000),
+            )
         };
         assert!(matches!(whole("1000"), Ok(1000)));
         assert!(matches!(
             whole("999"),
             Err(Step::Fatal(FetchError::SizeDisagrees { served: 999, .. }))
         ));
-        assert!(answer(503, None, None).unwrap_err().starts_with("retry: unexpected HTTP 503"));
+        assert!(
+            answer(503, None, None)
+                .unwrap_err()
+                .starts_with("retry: unexpected HTTP 503")
+        );
     }
 }
