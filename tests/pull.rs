@@ -242,6 +242,12 @@ enum Fault {
     IgnoreRange,
     /// Sends the right number of bytes with one of them wrong.
     Corrupt,
+    /// Answers a Range request with 206 and bytes from one past where it was asked.
+    ShiftedRange,
+    /// Sends the whole file and this many bytes more, chunked (no length announced).
+    Longer(u64),
+    /// Refuses with this status and an error body that never ends.
+    RefuseEndlessly(u16),
 }
 
 #[derive(Default)]
@@ -305,6 +311,9 @@ async fn serve(
         st.faults.pop_front()
     };
     let size = s.content.len() as u64;
+    if let Some(early) = hostile(&s, fault, range.as_deref()) {
+        return early;
+    }
     let start = range
         .as_deref()
         .and_then(|r| {
@@ -372,6 +381,53 @@ async fn serve(
     };
     resp.body(Body::from_stream(chunks))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// The answer of a fault that is not a well-formed copy of the file, if `fault` is one.
+fn hostile(s: &FileServer, fault: Option<Fault>, range: Option<&str>) -> Option<Response> {
+    let size = s.content.len() as u64;
+    match fault? {
+        Fault::ShiftedRange => {
+            let asked: u64 = range?
+                .strip_prefix("bytes=")?
+                .strip_suffix('-')?
+                .parse()
+                .ok()?;
+            let from = asked + 1;
+            let body = s.content[from as usize..].to_vec();
+            s.sent.fetch_add(body.len() as u64, Ordering::Relaxed);
+            Response::builder()
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header(
+                    header::CONTENT_RANGE,
+                    format!("bytes {from}-{}/{size}", size - 1),
+                )
+                .body(Body::from(body))
+                .ok()
+        }
+        Fault::Longer(extra) => {
+            let chunks = vec![
+                Ok::<_, std::io::Error>(s.content.to_vec()),
+                Ok(vec![0u8; extra as usize]),
+            ];
+            Response::builder()
+                .status(StatusCode::OK)
+                .body(Body::from_stream(futures::stream::iter(chunks)))
+                .ok()
+        }
+        Fault::RefuseEndlessly(status) => {
+            let sent = s.sent.clone();
+            let endless = futures::stream::repeat_with(move || {
+                sent.fetch_add(64 << 10, Ordering::Relaxed);
+                Ok::<_, std::io::Error>(vec![b'x'; 64 << 10])
+            });
+            Response::builder()
+                .status(status)
+                .body(Body::from_stream(endless))
+                .ok()
+        }
+        _ => None,
+    }
 }
 
 #[tokio::test]
@@ -699,4 +755,98 @@ async fn a_filesystem_that_fills_up_while_writing_fails_clearly_and_leaves_nothi
         "other",
         "neither m.gguf nor its partial copy remain"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile answers from the mirror, and names in any script.
+
+#[tokio::test]
+async fn a_range_answered_from_the_wrong_byte_is_not_written_and_the_copy_still_arrives_right() {
+    let content = bytes(600_000, 10);
+    let server = FileServer::start(content.clone()).await;
+    server.fault(Fault::CutAt(200_000));
+    server.fault(Fault::ShiftedRange);
+    let dest = tempfile::tempdir().unwrap();
+    let run = pull(&server.url, dest.path(), &[spec("m.gguf", &content)]).await;
+    assert!(run.ok(), "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "the mirror answered a Range from byte 200000 to the end with bytes 200001-599999"
+        ),
+        "{run:?}"
+    );
+    assert_eq!(std::fs::read(dest.path().join("m.gguf")).unwrap(), content);
+    assert_eq!(
+        server.ranges(),
+        [
+            None,
+            Some("bytes=200000-".into()),
+            Some("bytes=200000-".into())
+        ],
+        "the shifted answer is dropped and asked for again"
+    );
+}
+
+#[tokio::test]
+async fn a_mirror_sending_more_than_the_file_fails_as_the_wrong_size_and_leaves_nothing() {
+    let content = bytes(100_000, 11);
+    let server = FileServer::start(content.clone()).await;
+    server.fault(Fault::Longer(5000));
+    let dest = tempfile::tempdir().unwrap();
+    let run = pull(&server.url, dest.path(), &[spec("m.gguf", &content)]).await;
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("modelserve: m.gguf: the mirror has a file of ")
+            && last.contains("bytes where the registry published 100000"),
+        "{run:?}"
+    );
+    assert!(
+        listing(dest.path()).is_empty(),
+        "{:?}",
+        listing(dest.path())
+    );
+}
+
+#[tokio::test]
+async fn an_endless_error_answer_is_quoted_in_one_short_line_and_not_read_to_its_end() {
+    let content = bytes(1000, 12);
+    let server = FileServer::start(content.clone()).await;
+    server.fault(Fault::RefuseEndlessly(403));
+    let dest = tempfile::tempdir().unwrap();
+    let run = tokio::time::timeout(
+        Duration::from_secs(20),
+        pull(&server.url, dest.path(), &[spec("m.gguf", &content)]),
+    )
+    .await
+    .expect("the pull ends although the error body never does");
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let last = run.stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("modelserve: m.gguf: the mirror refused the request: HTTP 403 xxx"),
+        "{run:?}"
+    );
+    assert!(last.len() < 300, "{} characters: {last}", last.len());
+}
+
+#[tokio::test]
+async fn a_cyrillic_file_name_is_pulled_from_the_mirror_verified() {
+    let hub = FakeHub::start().await;
+    let path = "Модели/модель-Q4_K_M-ёж.gguf";
+    let content = bytes(400_000, 13);
+    let files = vec![HubFile::with_bytes(path, content.clone())];
+    let commit = hub.add_repo(REPO, files.clone());
+    let (mirror, _store) = start_mirror(&hub.url).await;
+    support::mirror_present(&mirror, REPO, &commit, &files).await;
+    let dest = tempfile::tempdir().unwrap();
+    let mut flags = Flags::new(&mirror, dest.path(), &[spec(path, &content)]);
+    flags.commit = commit;
+    let run = flags.run().await;
+    assert!(run.ok(), "{run:?}");
+    assert!(
+        run.stderr.contains(&format!("{path}: 390.6 KiB verified")),
+        "{run:?}"
+    );
+    assert_eq!(std::fs::read(dest.path().join(path)).unwrap(), content);
+    assert_eq!(listing(dest.path()), [path.to_string()]);
 }

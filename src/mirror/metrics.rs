@@ -98,8 +98,8 @@ impl Metrics {
         let before = self.sample.0.swap(bytes, Ordering::Relaxed);
         let then = self.sample.1.swap(now, Ordering::Relaxed);
         let ms = now.saturating_sub(then).max(1);
-        self.speed
-            .set((bytes.saturating_sub(before) * 1000 / ms) as i64);
+        let speed = bytes.saturating_sub(before).saturating_mul(1000) / ms;
+        self.speed.set(i64::try_from(speed).unwrap_or(i64::MAX));
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

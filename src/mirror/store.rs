@@ -7,8 +7,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::hub::select::safe_path;
-use crate::hub::{HubError, check_repo};
+use super::request::Invalid;
 
 /// One file of a repository at a commit, as the registry published it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -21,36 +20,10 @@ pub struct FileRef {
 }
 
 impl FileRef {
-    /// Refuses anything that could escape the store or is not a pinned, hashed file.
-    pub fn validate(&self) -> Result<(), HubError> {
-        check_repo(&self.repo)?;
-        let hex = |s: &str, n: usize| {
-            s.len() == n
-                && s.bytes()
-                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-        };
-        if !hex(&self.commit, 40) {
-            return Err(HubError::InvalidInput {
-                what: "commit",
-                value: self.commit.clone(),
-                why: "it must be 40 lowercase hex digits",
-            });
-        }
-        if !hex(&self.sha256, 64) {
-            return Err(HubError::InvalidInput {
-                what: "sha256",
-                value: self.sha256.clone(),
-                why: "it must be 64 lowercase hex digits",
-            });
-        }
-        if !safe_path(&self.path) {
-            return Err(HubError::InvalidInput {
-                what: "file path",
-                value: self.path.clone(),
-                why: "it must be a relative path inside the repository, without '..'",
-            });
-        }
-        Ok(())
+    /// Refuses anything that could escape the store or is not a pinned, hashed file of a
+    /// bounded size, naming the field and what would be valid.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        super::request::check_file(self)
     }
 }
 
@@ -89,10 +62,15 @@ impl Store {
 
     /// The snapshot path a reader opens.
     pub fn snapshot(&self, f: &FileRef) -> PathBuf {
-        self.repo_dir(&f.repo)
+        self.snapshot_of(&f.repo, &f.commit, &f.path)
+    }
+
+    /// The snapshot path of `path` in `repo` at `commit` (all three checked by the caller).
+    pub fn snapshot_of(&self, repo: &str, commit: &str, path: &str) -> PathBuf {
+        self.repo_dir(repo)
             .join("snapshots")
-            .join(&f.commit)
-            .join(&f.path)
+            .join(commit)
+            .join(path)
     }
 
     /// Whether the file is present and verified: its snapshot link resolves to a blob of its size.

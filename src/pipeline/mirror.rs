@@ -218,10 +218,7 @@ async fn ask(
         .http
         .post(format!("{}/v1/fetch", url.trim_end_matches('/')))
         .timeout(ASK_TIMEOUT)
-        .json(&Request {
-            files,
-            token: token.map(|t| t.expose().to_string()),
-        })
+        .json(&Request { files, token })
         .send()
         .await
         .map_err(|e| unavailable(e.to_string()))?;

@@ -1,0 +1,329 @@
+//! The running mirror: one job per file asked for, one download per content whoever asks, a
+//! bounded number downloading at once and a bounded number waiting.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use super::fetch::{self, FetchError, Policy, Progress, State};
+use super::metrics::Metrics;
+use super::request::{self, FileStatus, Invalid, Request, Status};
+use super::store::{FileRef, Store};
+use crate::hub::{Hub, HubError};
+use crate::secret::Secret;
+
+/// Files tracked before finished ones are forgotten (a present file is found again on disk).
+const PRUNE_AT: usize = 4096;
+
+/// Why a request was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{0}")]
+    Invalid(Invalid),
+    #[error(
+        "the mirror has {live} files queued or downloading and takes at most {most}; ask again when some have finished"
+    )]
+    Busy { live: usize, most: usize },
+}
+
+/// The running mirror.
+pub struct Mirror {
+    pub(super) store: Store,
+    endpoint: String,
+    /// The registry client of requests without a token, built once.
+    hub: Hub,
+    retry: crate::hub::Retry,
+    policy: Policy,
+    jobs: Mutex<Jobs>,
+    /// One permit per file that may download at once (`Policy::downloads`).
+    slots: tokio::sync::Semaphore,
+    pub metrics: Metrics,
+}
+
+#[derive(Default)]
+struct Jobs {
+    /// By repo@commit/path.
+    files: HashMap<String, Arc<Progress>>,
+    /// The download of each content.
+    by_sha: HashMap<String, Arc<Progress>>,
+}
+
+impl Jobs {
+    /// Forgets files that are present, and failures old enough to be tried again.
+    fn prune(&mut self, policy: &Policy) {
+        let keep = |p: &Arc<Progress>| match p.state() {
+            State::Present => false,
+            State::Failed => p.started.elapsed() < policy.retry_failed_after,
+            _ => true,
+        };
+        self.files.retain(|_, p| keep(p));
+        self.by_sha.retain(|_, p| keep(p));
+    }
+
+    fn live(&self) -> usize {
+        self.files
+            .values()
+            .filter(|p| !matches!(p.state(), State::Present | State::Failed))
+            .count()
+    }
+}
+
+impl Mirror {
+    pub fn new(store: Store, endpoint: &str, policy: Policy) -> Result<Arc<Mirror>, HubError> {
+        // The download loop resumes after failures itself, so the client retries little.
+        let retry = crate::hub::Retry {
+            attempts: 2,
+            base: policy.backoff,
+            read_timeout: policy.read_timeout,
+            ..Default::default()
+        };
+        let hub = Hub::new(endpoint, None)?.with_retry(retry)?;
+        let permits = policy
+            .downloads
+            .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        Ok(Arc::new(Mirror {
+            store,
+            endpoint: endpoint.into(),
+            hub,
+            retry,
+            policy,
+            jobs: Mutex::default(),
+            slots: tokio::sync::Semaphore::new(permits),
+            metrics: Default::default(),
+        }))
+    }
+
+    /// Starts what is not present or under way, and reports every file's state.
+    pub fn request(self: &Arc<Mirror>, req: &Request) -> Result<Status, RequestError> {
+        request::check(req).map_err(RequestError::Invalid)?;
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.files.len() > PRUNE_AT {
+            jobs.prune(&self.policy);
+        }
+        let new = req
+            .files
+            .iter()
+            .filter(|f| self.current(&jobs, f).is_none())
+            .count();
+        if new > 0 {
+            let live = jobs.live();
+            let most = self.policy.queue.max(1);
+            if live.saturating_add(new) > most {
+                return Err(RequestError::Busy { live, most });
+            }
+        }
+        let progress: Vec<_> = req
+            .files
+            .iter()
+            .map(|f| self.job(&mut jobs, f, req.token.as_ref()))
+            .collect();
+        drop(jobs);
+        Ok(status(&progress))
+    }
+
+    /// The job of `f` that still answers for it: any but a failure old enough to be retried.
+    fn current(&self, jobs: &Jobs, f: &FileRef) -> Option<Arc<Progress>> {
+        // A failed file is tried again only after a pause, so asking for status is not a retry loop.
+        jobs.files
+            .get(&key(f))
+            .filter(|p| {
+                p.state() != State::Failed || p.started.elapsed() < self.policy.retry_failed_after
+            })
+            .cloned()
+    }
+
+    fn job(
+        self: &Arc<Mirror>,
+        jobs: &mut Jobs,
+        f: &FileRef,
+        token: Option<&Secret>,
+    ) -> Arc<Progress> {
+        if let Some(p) = self.current(jobs, f) {
+            return p;
+        }
+        let p = Arc::new(Progress::new(f.clone()));
+        jobs.files.insert(key(f), p.clone());
+        // One download per content, whoever asks: other names for it wait for that one.
+        if let Some(leader) = jobs
+            .by_sha
+            .get(&f.sha256)
+            .filter(|l| l.state() != State::Failed)
+            .cloned()
+        {
+            self.follow(p.clone(), leader);
+            return p;
+        }
+        jobs.by_sha.insert(f.sha256.clone(), p.clone());
+        let (mirror, job, token) = (self.clone(), p.clone(), token.cloned());
+        tokio::spawn(async move { mirror.download(&job, token).await });
+        p
+    }
+
+    /// Runs one download to its end and records the outcome.
+    async fn download(&self, job: &Progress, token: Option<Secret>) {
+        self.metrics.active.inc();
+        let hub = match &token {
+            None => Ok(self.hub.clone()),
+            Some(t) => Hub::new(&self.endpoint, Some(t.expose().to_string()))
+                .and_then(|h| h.with_retry(self.retry)),
+        };
+        let result = match hub {
+            Ok(hub) => {
+                fetch::fetch(
+                    &hub,
+                    &self.store,
+                    job,
+                    self.policy,
+                    &self.metrics,
+                    &self.slots,
+                )
+                .await
+            }
+            Err(e) => Err(FetchError::Registry(e, job.file.path.clone())),
+        };
+        self.metrics.active.dec();
+        match result {
+            Ok(()) if job.fetched.load(Ordering::Relaxed) > 0 => {
+                tracing::info!(path = %job.file.path, bytes = job.file.size, "mirrored and verified");
+                self.metrics.file("downloaded");
+            }
+            Ok(()) => self.metrics.file("reused"),
+            Err(e) => {
+                // A registry may quote the request back in its error: the token never goes on.
+                let error = scrub(e.to_string(), token.as_ref());
+                tracing::warn!(path = %job.file.path, %error, "mirroring failed");
+                self.metrics.failure(e.kind());
+                job.fail(error);
+            }
+        }
+    }
+
+    /// Links `me` once `leader` (the same content under another name) lands.
+    fn follow(self: &Arc<Mirror>, me: Arc<Progress>, leader: Arc<Progress>) {
+        let mirror = self.clone();
+        tokio::spawn(async move {
+            loop {
+                me.bytes_done.store(
+                    leader.bytes_done.load(Ordering::Relaxed).min(me.file.size),
+                    Ordering::Relaxed,
+                );
+                match leader.state() {
+                    State::Present => {
+                        match mirror.store.adopt(&me.file) {
+                            Ok(true) => me.set(State::Present),
+                            Ok(false) => {
+                                me.fail("the shared download vanished before it was linked".into())
+                            }
+                            Err(e) => me.fail(format!("{}: disk error: {e}", me.file.path)),
+                        }
+                        return;
+                    }
+                    State::Failed => return me.fail(leader.error().unwrap_or_default()),
+                    s => me.set(s),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        });
+    }
+}
+
+/// `text` with every occurrence of the token replaced by a placeholder.
+fn scrub(text: String, token: Option<&Secret>) -> String {
+    match token.map(Secret::expose).filter(|t| !t.is_empty()) {
+        Some(t) if text.contains(t) => text.replace(t, "<redacted>"),
+        _ => text,
+    }
+}
+
+fn key(f: &FileRef) -> String {
+    format!("{}@{}/{}", f.repo, f.commit, f.path)
+}
+
+fn status(progress: &[Arc<Progress>]) -> Status {
+    let files: Vec<FileStatus> = progress
+        .iter()
+        .map(|p| {
+            let state = p.state();
+            FileStatus {
+                path: p.file.path.clone(),
+                state: state.as_str().into(),
+                bytes_done: p.bytes_done.load(Ordering::Relaxed),
+                size: p.file.size,
+                bytes_per_second: if state == State::Downloading {
+                    p.speed()
+                } else {
+                    0
+                },
+                error: p.error(),
+            }
+        })
+        .collect();
+    let sum =
+        |get: fn(&FileStatus) -> u64| files.iter().fold(0u64, |a, f| a.saturating_add(get(f)));
+    Status {
+        bytes_done: sum(|f| f.bytes_done),
+        bytes_total: sum(|f| f.size),
+        bytes_per_second: sum(|f| f.bytes_per_second),
+        files,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(path: &str, state: State) -> Arc<Progress> {
+        let p = Progress::new(FileRef {
+            repo: "o/r".into(),
+            commit: "a".repeat(40),
+            path: path.into(),
+            sha256: format!("{:0>64}", path.len()),
+            size: 1,
+        });
+        p.set(state);
+        Arc::new(p)
+    }
+
+    #[test]
+    fn pruning_forgets_present_files_and_old_failures_but_keeps_what_runs() {
+        let mut jobs = Jobs::default();
+        for (path, state) in [
+            ("a", State::Present),
+            ("bb", State::Failed),
+            ("ccc", State::Downloading),
+            ("dddd", State::Queued),
+        ] {
+            let p = progress(path, state);
+            jobs.files.insert(key(&p.file), p.clone());
+            jobs.by_sha.insert(p.file.sha256.clone(), p);
+        }
+        let recent = Policy::default();
+        jobs.prune(&recent);
+        assert_eq!(
+            jobs.files.len(),
+            3,
+            "a recent failure still holds off a retry"
+        );
+        assert_eq!(jobs.live(), 2);
+        let old = Policy {
+            retry_failed_after: std::time::Duration::ZERO,
+            ..Policy::default()
+        };
+        jobs.prune(&old);
+        let mut left: Vec<_> = jobs.files.values().map(|p| p.file.path.clone()).collect();
+        left.sort();
+        assert_eq!(left, ["ccc", "dddd"]);
+        assert_eq!(jobs.by_sha.len(), 2);
+    }
+
+    #[test]
+    fn a_token_quoted_back_by_the_registry_is_scrubbed() {
+        let t = Secret::new("hf_abc");
+        assert_eq!(
+            scrub("403: bad Bearer hf_abc for hf_abc".into(), Some(&t)),
+            "403: bad Bearer <redacted> for <redacted>"
+        );
+        assert_eq!(scrub("x".into(), Some(&Secret::new(""))), "x");
+        assert_eq!(scrub("hf_abc".into(), None), "hf_abc");
+    }
+}
