@@ -80,7 +80,10 @@ mod tests {
     fn jitter_spreads_failures_that_happened_together() {
         let delays: std::collections::BTreeSet<_> =
             (0..20).map(|_| Backoff::RECONCILE.delay(3)).collect();
-        assert!(delays.len() > 1, "twenty retries at one instant: {delays:?}");
+        assert!(
+            delays.len() > 1,
+            "twenty retries at one instant: {delays:?}"
+        );
         let r = jittered(Duration::from_secs(600), 0.2);
         assert!((600.0..=720.0).contains(&r.as_secs_f64()), "{r:?}");
     }

@@ -171,7 +171,9 @@ impl Mirror {
                 ..Default::default()
             };
             mirror.metrics.active.inc();
-            let result = match Hub::new(&mirror.endpoint, token).and_then(|h| h.with_retry(retry)) {
+            let result = match Hub::new(&mirror.endpoint, token.map(crate::secret::Secret::new))
+                .and_then(|h| h.with_retry(retry))
+            {
                 Ok(hub) => {
                     fetch::fetch(
                         &hub,

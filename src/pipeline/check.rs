@@ -285,7 +285,10 @@ pub async fn run(
                 Ok(t) => t,
                 Err(outcome) => return outcome,
             };
-            let hub = match Hub::new(&ctx.config.registry_endpoint, token) {
+            let hub = match Hub::new(
+                &ctx.config.registry_endpoint,
+                token.map(crate::secret::Secret::new),
+            ) {
                 Ok(h) => h,
                 Err(e) => {
                     return Outcome::Failed {

@@ -84,7 +84,10 @@ pub async fn run(ctx: &Context, ms: &ModelServe, resolved: &mut Option<ResolvedS
         Ok(t) => t,
         Err(outcome) => return outcome,
     };
-    let result = match Hub::new(&ctx.config.registry_endpoint, token) {
+    let result = match Hub::new(
+        &ctx.config.registry_endpoint,
+        token.map(crate::secret::Secret::new),
+    ) {
         Ok(hub) => resolve(&hub, &ms.spec).await,
         Err(e) => Err(Failure::Hub(e)),
     };
