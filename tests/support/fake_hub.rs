@@ -156,6 +156,8 @@ pub struct Fault {
     pub times: usize,
     /// Sleep this long before answering (a slow registry).
     pub delay: Option<Duration>,
+    /// Answer with a body that never ends instead of a short JSON error.
+    pub endless_body: bool,
 }
 
 #[derive(Default)]
@@ -349,6 +351,19 @@ impl FakeHub {
                 .collect(),
             times,
             delay: None,
+            endless_body: false,
+        });
+    }
+
+    /// Answers the next `times` matching requests with `status` and a body that never ends.
+    pub fn fail_endless(&self, path_contains: &str, status: u16, times: usize) {
+        self.inner.lock().unwrap().faults.push(Fault {
+            path_contains: path_contains.into(),
+            status,
+            headers: vec![],
+            times,
+            delay: None,
+            endless_body: true,
         });
     }
 
@@ -360,6 +375,7 @@ impl FakeHub {
             headers: vec![],
             times,
             delay: Some(delay),
+            endless_body: false,
         });
     }
 
@@ -638,7 +654,15 @@ async fn gate(
             for (k, v) in &f.headers {
                 r = r.header(k.as_str(), v.as_str());
             }
-            return Err(r.body(Body::from("{\"error\":\"injected\"}")).unwrap());
+            let body = if f.endless_body {
+                let piece = Bytes::from(vec![b'x'; 16 << 10]);
+                Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::io::Error>(piece.clone())
+                }))
+            } else {
+                Body::from("{\"error\":\"injected\"}")
+            };
+            return Err(r.body(body).unwrap());
         }
     }
     let inner = state.lock().unwrap();
