@@ -272,13 +272,13 @@ fn random_name(rng: &mut Rng) -> String {
     for _ in 0..len {
         name.push_str(rng.pick(&PIECES));
         // Now and then a random character from anywhere in Unicode.
-        if rng.next() % 5 == 0
+        if rng.next().is_multiple_of(5)
             && let Some(c) = char::from_u32((rng.next() % 0x2_0000) as u32)
         {
             name.push(c);
         }
     }
-    if rng.next() % 3 != 0 {
+    if !rng.next().is_multiple_of(3) {
         name.push_str(rng.pick(&[".gguf", "-00001-of-00002.gguf", "-00002-of-00002.gguf"]));
     }
     name

@@ -4,6 +4,7 @@
 //! crate's one backoff, and every call is bounded in time and in the bytes it reads.
 //!
 //! - `client`: the [`Hub`] and its calls
+//! - `request`: one call's attempts, deadline, backoff and answer mapping
 //! - `transport`: shared HTTP clients, timeouts, size limits, pagination and rate-limit headers
 //! - `error`: [`HubError`] and the mapping from an HTTP answer
 //! - `validate`: checks on repository, revision, endpoint and paths before any URL
@@ -14,6 +15,7 @@ mod args;
 mod client;
 mod error;
 mod labels;
+mod request;
 pub mod select;
 mod shapes;
 mod transport;
