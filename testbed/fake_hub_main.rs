@@ -1,6 +1,8 @@
 //! The tests' fake Hugging Face Hub as a process of its own, for the demo and for trying
-//! `modelserve plan` without the internet: every listing of tests/fixtures/hf-listings.json,
-//! plus meta-llama/Llama-3.2-1B-Instruct-GGUF as a gated copy of the bartowski listing.
+//! `modelserve plan` without the internet: every listing of tests/fixtures/hf-listings.json and
+//! tests/fixtures/synthetic-listings.json (non-ASCII names, a broken proxy). Repositories
+//! named `faults/<fault>` misbehave on purpose (`faults/never-answers`, `faults/malformed-json`,
+//! ...: see `RepoFault`), so a client's bounds can be watched by hand.
 //! With a directory as third argument, every `NAME.gguf` in it becomes the repository
 //! `modelserve-demo/NAME-GGUF` with real, downloadable bytes (see testbed/gen_gguf.py).
 //!   cargo run --example fake-hub -- 127.0.0.1:18090 127.0.0.1:18091 [DIR]
@@ -11,7 +13,7 @@ mod fake_hub;
 #[path = "../tests/support/models.rs"]
 mod models;
 
-use fake_hub::FakeHub;
+use fake_hub::{FakeHub, RepoFault};
 
 #[tokio::main]
 async fn main() {
@@ -57,5 +59,10 @@ async fn main() {
         hub.cdn_url,
         FakeHub::listing_names().len()
     );
+    let faults: Vec<String> = RepoFault::ALL
+        .iter()
+        .map(|f| format!("faults/{}", f.name()))
+        .collect();
+    println!("repositories that misbehave: {}", faults.join(", "));
     let _ = tokio::signal::ctrl_c().await;
 }

@@ -5,15 +5,34 @@ mod support;
 use support::fake_hub::FakeHub;
 use support::modelserve_bin;
 
+/// Environment variables that would change where the plan's requests go.
+const AMBIENT: [&str; 9] = [
+    "HF_TOKEN",
+    "MODELSERVE_REGISTRY_ENDPOINT",
+    "MODELSERVE_REGISTRY_CA_BUNDLE",
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
 async fn plan(hub: &FakeHub, args: &[&str]) -> (bool, String, String) {
-    let out = tokio::process::Command::new(modelserve_bin())
-        .arg("plan")
-        .args(args)
-        .args(["--endpoint", &hub.url])
-        .env_remove("HF_TOKEN")
-        .output()
-        .await
-        .unwrap();
+    let mut with_endpoint = args.to_vec();
+    with_endpoint.extend(["--endpoint", &hub.url]);
+    plan_with(&with_endpoint, &[]).await
+}
+
+/// `modelserve plan ARGS` in an environment holding only `env` of the variables above.
+async fn plan_with(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::new(modelserve_bin());
+    cmd.arg("plan").args(args);
+    for name in AMBIENT.iter().chain(["NO_PROXY", "no_proxy"].iter()) {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied());
+    let out = cmd.output().await.unwrap();
     (
         out.status.success(),
         String::from_utf8(out.stdout).unwrap(),
@@ -80,6 +99,86 @@ async fn plan_fails_with_one_line_naming_what_the_repo_has() {
     assert!(!ok);
     assert!(
         err.contains("repository \"not-a-repo\" is not valid: it must be owner/name"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[tokio::test]
+async fn plan_chooses_and_prints_non_ascii_files() {
+    let hub = FakeHub::start().await;
+    let repo = "modelserve-test/unicode-names-GGUF";
+    let commit = hub.add_listing(repo);
+    let (ok, out, err) = plan(&hub, &[repo]).await;
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains(&format!("main -> commit {commit}")), "{out}");
+    assert!(
+        out.contains("Set         Модели/Модель-Q4_K_M (Q4_K_M)"),
+        "{out}"
+    );
+    for n in 1..=3 {
+        let file = format!("Модели/Модель-Q4_K_M-0000{n}-of-00003.gguf");
+        assert!(out.contains(&file), "{file} in {out}");
+    }
+    assert!(out.contains("in 3 file(s)"), "{out}");
+    assert!(out.contains("Check       llama loads"), "{out}");
+
+    let (ok, out, err) = plan(&hub, &[repo, "--file", "xéééééééé.gguf"]).await;
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains("  xéééééééé.gguf  "), "{out}");
+
+    let (ok, out, _) = plan(&hub, &[repo, "--quant", "q5_k_m", "-o", "json"]).await;
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["resolved"]["files"][0]["path"], "🦙-Q5_K_M.gguf");
+}
+
+#[tokio::test]
+async fn plan_reaches_the_registry_through_the_proxy_the_environment_names() {
+    // The fake Hub doubles as an HTTP proxy: it routes absolute-form requests by their path.
+    // registry.invalid cannot resolve, so an answer proves the request went through the proxy;
+    // the CDN on 127.0.0.1 is reached directly, as NO_PROXY says.
+    let hub = FakeHub::start().await;
+    let commit = hub.add_listing("ggml-org/gemma-3-1b-it-GGUF");
+    let args = [
+        "ggml-org/gemma-3-1b-it-GGUF",
+        "--registry-endpoint",
+        "http://registry.invalid",
+    ];
+    let proxied = [("HTTP_PROXY", hub.url.as_str()), ("NO_PROXY", "127.0.0.1")];
+    let (ok, out, err) = plan_with(&args, &proxied).await;
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains(&format!("main -> commit {commit}")), "{out}");
+    assert!(hub.count("/api/models/ggml-org/gemma-3-1b-it-GGUF/revision/main") >= 1);
+
+    let (ok, _, err) = plan_with(&args, &[]).await;
+    assert!(!ok);
+    assert!(err.contains("(RegistryUnavailable)"), "{err}");
+}
+
+#[tokio::test]
+async fn plan_reads_the_registry_from_the_shared_flags_and_their_environment() {
+    let hub = FakeHub::start().await;
+    hub.add_listing("ggml-org/gemma-3-1b-it-GGUF");
+    let repo = "ggml-org/gemma-3-1b-it-GGUF";
+    let (ok, _, err) = plan_with(&[repo], &[("MODELSERVE_REGISTRY_ENDPOINT", &hub.url)]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = plan_with(&[repo, "--registry-endpoint", &hub.url], &[]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = plan_with(
+        &[
+            repo,
+            "--endpoint",
+            &hub.url,
+            "--registry-ca-bundle",
+            "/nonexistent/ca.pem",
+        ],
+        &[],
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        err.contains("--registry-ca-bundle: the registry CA bundle /nonexistent/ca.pem cannot be used: cannot read it"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "{err}");

@@ -158,3 +158,165 @@ fn every_listing_offers_its_quants_in_a_stable_order() {
         }
     }
 }
+
+/// The synthetic non-ASCII listing the fake Hub serves (tests/fixtures/synthetic-listings.json).
+fn unicode_listing() -> Vec<RepoFile> {
+    let data: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/synthetic-listings.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let r = data["repos"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["repo"] == "modelserve-test/unicode-names-GGUF")
+        .unwrap();
+    r["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| RepoFile {
+            path: f["path"].as_str().unwrap().into(),
+            size: f["size"].as_u64().unwrap_or(100),
+            sha256: f["size"].as_u64().map(|_| format!("{i:064x}")),
+        })
+        .collect()
+}
+
+#[test]
+fn a_listing_in_many_scripts_offers_and_selects_every_quant() {
+    let files = unicode_listing();
+    let quants = available_quants(&files);
+    assert_eq!(
+        quants,
+        ["F16", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "xéééééééé.gguf"]
+    );
+    let set = select("u/r", &files, Want::Quant("Q4_K_M")).unwrap();
+    assert_eq!(set.kind, SetKind::Split { count: 3 });
+    assert_eq!(set.name, "Модели/Модель-Q4_K_M");
+    assert_eq!(
+        select("u/r", &files, Want::Quant("F16")).unwrap().files[0].path,
+        "模型-F16.gguf",
+        "the projector's f16 is not weights"
+    );
+    assert_eq!(
+        select("u/r", &files, Want::File("xéééééééé.gguf"))
+            .unwrap()
+            .files[0]
+            .path,
+        "xéééééééé.gguf"
+    );
+}
+
+/// A small deterministic generator (xorshift64*), so a failure names the seed that found it.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// A name built from the pieces the selection cuts at, glued to characters of many widths.
+fn random_name(rng: &mut Rng) -> String {
+    const PIECES: [&str; 34] = [
+        "é",
+        "ё",
+        "Модель",
+        "模型",
+        "🦙",
+        "e\u{301}",
+        "\u{200d}",
+        "Ω",
+        "ß",
+        "İ",
+        "ﬁ",
+        "Ｑ4",
+        "a",
+        "Q4_K_M",
+        "q8_0",
+        "UD-",
+        "IQ2_XXS",
+        "f16",
+        "BF16",
+        "_",
+        "-",
+        ".",
+        "/",
+        "..",
+        "-00001-of-00003",
+        "-00003-of-00003",
+        "-0000é-of-00003",
+        ".gguf",
+        ".GGUF",
+        ".gguf.part1of2",
+        "mmproj-",
+        "imatrix",
+        " ",
+        "of",
+    ];
+    let len = 1 + rng.next() % 8;
+    let mut name = String::new();
+    for _ in 0..len {
+        name.push_str(rng.pick(&PIECES));
+        // Now and then a random character from anywhere in Unicode.
+        if rng.next().is_multiple_of(5)
+            && let Some(c) = char::from_u32((rng.next() % 0x2_0000) as u32)
+        {
+            name.push(c);
+        }
+    }
+    if !rng.next().is_multiple_of(3) {
+        name.push_str(rng.pick(&[".gguf", "-00001-of-00002.gguf", "-00002-of-00002.gguf"]));
+    }
+    name
+}
+
+#[test]
+fn thousands_of_random_unicode_names_never_panic_and_choose_only_listed_files() {
+    let quants = ["Q4_K_M", "q8_0", "F16", "UD-IQ2_XXS", "BF16", "é", "Модель"];
+    let mut chosen = 0;
+    for seed in 1..=300u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let files: Vec<RepoFile> = (0..20 + rng.next() % 30)
+            .map(|i| RepoFile {
+                path: random_name(&mut rng),
+                size: rng.next() % 1000,
+                sha256: (i % 7 != 0).then(|| "a".repeat(64)),
+            })
+            .collect();
+        let offered = available_quants(&files);
+        let mut wants: Vec<Want> = quants.iter().map(|q| Want::Quant(q)).collect();
+        wants.extend(offered.iter().map(|q| Want::Quant(q)));
+        wants.extend(files.iter().take(5).map(|f| Want::File(&f.path)));
+        for want in wants {
+            let Ok(set) = select("r/p", &files, want) else {
+                continue;
+            };
+            chosen += 1;
+            assert!(!set.files.is_empty(), "seed {seed}: {want:?} chose nothing");
+            for f in &set.files {
+                assert!(
+                    files.contains(f),
+                    "seed {seed}: {want:?} chose {f:?}, which is not in the listing"
+                );
+            }
+        }
+    }
+    assert!(
+        chosen > 300,
+        "the generator must produce selectable sets: {chosen}"
+    );
+}

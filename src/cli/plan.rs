@@ -4,22 +4,24 @@ use std::io::Write;
 
 use crate::api::{CheckStatus, ModelServe, ModelServeSpec};
 use crate::cli::Output;
-use crate::hub::Hub;
+use crate::hub::RegistryArgs;
 use crate::pipeline::check::CheckFailure;
 use crate::pipeline::{Failure, check, resolve};
+use crate::secret::Secret;
 use crate::units::human_bytes;
 
 /// Flags of `modelserve plan`.
 #[derive(Clone, Debug, clap::Args)]
+// `--endpoint` was this command's name for the registry before the commands shared one.
+#[command(mut_arg("registry_endpoint", |a| a.visible_alias("endpoint")))]
 pub struct Args {
     #[command(flatten)]
     pub target: super::Target,
-    /// Registry endpoint (like HF_ENDPOINT).
-    #[arg(long, env = "HF_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
-    pub endpoint: String,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Registry token for gated or private repositories.
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<Secret>,
     /// llama.cpp server image the nodes run; its tag names the build.
     #[arg(long, default_value = crate::controller::DEFAULT_ENGINE_IMAGE)]
     pub engine_image: String,
@@ -45,7 +47,10 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         "contextSize": args.context_size, "contextLength": args.context_length,
     }))
     .map_err(|e| format!("invalid arguments: {e}"))?;
-    let hub = Hub::new(&args.endpoint, args.token).map_err(|e| format!("--endpoint: {e}"))?;
+    let hub = args
+        .registry
+        .hub(args.token)
+        .map_err(|e| format!("{}: {e}", RegistryArgs::flag_of(&e)))?;
     let result = resolve::resolve(&hub, &spec).await;
     let ms = ModelServe::new("plan", spec.clone());
     let p = check::plan(&ms, &args.engine_image, args.engine_build);
@@ -82,7 +87,13 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
             );
             s += &format!("Served as   {}\n", r.served_name);
             s += "Files\n";
-            let width = r.files.iter().map(|f| f.path.len()).max().unwrap_or(0);
+            // Padding counts characters, so names in any script line up as ASCII ones do.
+            let width = r
+                .files
+                .iter()
+                .map(|f| f.path.chars().count())
+                .max()
+                .unwrap_or(0);
             for f in &r.files {
                 s += &format!(
                     "  {:<width$}  {:>9}  sha256 {}\n",

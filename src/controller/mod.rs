@@ -79,10 +79,14 @@ impl Context {
 
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(config: Config) -> Result<(), Error> {
-    crate::hub::Hub::new(&config.settings.registry_endpoint, None).map_err(|e| Error::BadFlag {
-        flag: "--registry-endpoint",
-        message: e.to_string(),
-    })?;
+    config
+        .settings
+        .registry
+        .hub(None)
+        .map_err(|e| Error::BadFlag {
+            flag: crate::hub::RegistryArgs::flag_of(&e),
+            message: e.to_string(),
+        })?;
     if config.stall_timeout <= config.settings.stage_timeout {
         return Err(Error::BadFlag {
             flag: "--stall-timeout",

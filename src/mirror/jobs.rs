@@ -29,7 +29,7 @@ pub enum RequestError {
 /// The running mirror.
 pub struct Mirror {
     pub(super) store: Store,
-    endpoint: String,
+    registry: crate::hub::RegistryArgs,
     /// The registry client of requests without a token, built once.
     hub: Hub,
     retry: crate::hub::Retry,
@@ -69,7 +69,21 @@ impl Jobs {
 }
 
 impl Mirror {
+    /// A mirror of the registry at `endpoint`, trusting the built-in roots.
     pub fn new(store: Store, endpoint: &str, policy: Policy) -> Result<Arc<Mirror>, HubError> {
+        let registry = crate::hub::RegistryArgs {
+            registry_endpoint: endpoint.into(),
+            registry_ca_bundle: None,
+        };
+        Mirror::with_registry(store, registry, policy)
+    }
+
+    /// A mirror of `registry` (its endpoint and CA bundle).
+    pub fn with_registry(
+        store: Store,
+        registry: crate::hub::RegistryArgs,
+        policy: Policy,
+    ) -> Result<Arc<Mirror>, HubError> {
         // The download loop resumes after failures itself, so the client retries little.
         let retry = crate::hub::Retry {
             attempts: 2,
@@ -77,13 +91,13 @@ impl Mirror {
             read_timeout: policy.read_timeout,
             ..Default::default()
         };
-        let hub = Hub::new(endpoint, None)?.with_retry(retry)?;
+        let hub = registry.hub(None)?.with_retry(retry)?;
         let permits = policy
             .downloads
             .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
         Ok(Arc::new(Mirror {
             store,
-            endpoint: endpoint.into(),
+            registry,
             hub,
             retry,
             policy,
@@ -164,7 +178,9 @@ impl Mirror {
         self.metrics.active.inc();
         let hub = match &token {
             None => Ok(self.hub.clone()),
-            Some(t) => Hub::new(&self.endpoint, Some(t.expose().to_string()))
+            Some(t) => self
+                .registry
+                .hub(Some(t.clone()))
                 .and_then(|h| h.with_retry(self.retry)),
         };
         let result = match hub {

@@ -33,9 +33,9 @@ pub struct Config {
     /// Address to serve the mirror API and files on.
     #[arg(long, env = "MODELSERVE_MIRROR_ADDR", default_value = "0.0.0.0:8090")]
     pub addr: SocketAddr,
-    /// Registry speaking the Hugging Face Hub API; the only place files are fetched from.
-    #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
-    pub registry_endpoint: String,
+    /// The registry speaking the Hugging Face Hub API: the only place files are fetched from.
+    #[command(flatten)]
+    pub registry: crate::hub::RegistryArgs,
     /// Most Range connections per file. A download starts with one and opens another while the
     /// sha256 waits for bytes; files smaller than two segments use one.
     #[arg(long, env = "MODELSERVE_MIRROR_CONNECTIONS", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -67,8 +67,8 @@ pub async fn run(config: Config) -> Result<(), String> {
         downloads: config.downloads.into(),
         ..Policy::default()
     };
-    let mirror = Mirror::new(store, &config.registry_endpoint, policy)
-        .map_err(|e| format!("--registry-endpoint: {e}"))?;
+    let mirror = Mirror::with_registry(store, config.registry.clone(), policy)
+        .map_err(|e| format!("{}: {e}", crate::hub::RegistryArgs::flag_of(&e)))?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;

@@ -18,9 +18,8 @@ pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587
 /// The operator's settings the stages read (flags of `modelserve controller`).
 #[derive(Clone, Debug, clap::Args)]
 pub struct Settings {
-    /// Model registry speaking the Hugging Face Hub API (like HF_ENDPOINT); point it at an internal mirror if the cluster has no internet.
-    #[arg(long, env = "MODELSERVE_REGISTRY_ENDPOINT", default_value = crate::hub::DEFAULT_ENDPOINT)]
-    pub registry_endpoint: String,
+    #[command(flatten)]
+    pub registry: crate::hub::RegistryArgs,
     /// Secret (NAMESPACE/NAME, key "token") with the registry token used when a ModelServe names none.
     #[arg(long, env = "MODELSERVE_DEFAULT_TOKEN_SECRET")]
     pub default_token_secret: Option<String>,

@@ -2,6 +2,10 @@
 //! the paginated recursive tree, resolve with a 302 to a second "CDN" port carrying
 //! X-Repo-Commit / X-Linked-Etag / X-Linked-Size, Range on the CDN, the real error codes, and
 //! faults injected on demand.
+//!
+//! Whole-repository faults ([`RepoFault`]) need no code: a repository named
+//! `faults/<fault>` (or `faults/<fault>-anything`), or a fixture listing with a `"fault"` field,
+//! misbehaves that way on every request, e.g. `faults/never-answers`, `faults/malformed-json`.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -11,7 +15,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
@@ -75,6 +79,72 @@ struct Repo {
     disabled: bool,
     /// Tokens whose account may read the repository (gated or private).
     approved: HashSet<String>,
+    /// How every request about this repository misbehaves.
+    fault: Option<RepoFault>,
+}
+
+/// A way every request about one repository misbehaves, for the client's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepoFault {
+    /// Model info is an HTML error page and tree pages are cut-off JSON, both with 200.
+    MalformedJson,
+    /// Every request is accepted and never answered.
+    NeverAnswers,
+    /// Model info and tree pages send their headers and a few bytes, then nothing.
+    StallsBody,
+    /// Model info and tree pages are 20 MiB, with no Content-Length.
+    HugeAnswer,
+    /// The tree never ends: every page of files links to another.
+    EndlessTree,
+    /// Every request is redirected to itself.
+    RedirectLoop,
+}
+
+impl RepoFault {
+    pub const ALL: [RepoFault; 6] = [
+        RepoFault::MalformedJson,
+        RepoFault::NeverAnswers,
+        RepoFault::StallsBody,
+        RepoFault::HugeAnswer,
+        RepoFault::EndlessTree,
+        RepoFault::RedirectLoop,
+    ];
+
+    /// The fault's name in a repository id or a fixture.
+    pub fn name(self) -> &'static str {
+        match self {
+            RepoFault::MalformedJson => "malformed-json",
+            RepoFault::NeverAnswers => "never-answers",
+            RepoFault::StallsBody => "stalls-body",
+            RepoFault::HugeAnswer => "huge-answer",
+            RepoFault::EndlessTree => "endless-tree",
+            RepoFault::RedirectLoop => "redirect-loop",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<RepoFault> {
+        RepoFault::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// The fault a repository id asks for by its name: `faults/<name>` or `faults/<name>-...`.
+    pub fn of_repo(repo_id: &str) -> Option<RepoFault> {
+        let name = repo_id.strip_prefix("faults/")?;
+        RepoFault::ALL.into_iter().find(|f| {
+            name.strip_prefix(f.name())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+        })
+    }
+}
+
+/// The commit every faulty repository's model info names.
+pub const FAULT_COMMIT: &str = "fa017fa017fa017fa017fa017fa017fa017fa017";
+
+/// Which Hub endpoint a request is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Info,
+    Tree,
+    Resolve,
 }
 
 /// A fault: the next `times` requests whose path contains `path_contains` get this answer.
@@ -86,6 +156,8 @@ pub struct Fault {
     pub times: usize,
     /// Sleep this long before answering (a slow registry).
     pub delay: Option<Duration>,
+    /// Answer with a body that never ends instead of a short JSON error.
+    pub endless_body: bool,
 }
 
 #[derive(Default)]
@@ -170,26 +242,26 @@ impl FakeHub {
         commit
     }
 
-    /// Every repository of tests/fixtures/hf-listings.json.
+    /// Every repository of tests/fixtures/hf-listings.json (real) and
+    /// tests/fixtures/synthetic-listings.json (non-ASCII names, faults).
     pub fn listing_names() -> Vec<String> {
-        let data = listings();
-        let repos = data["repos"].as_array().unwrap();
-        repos
+        listings()
             .iter()
             .map(|r| r["repo"].as_str().unwrap().to_string())
             .collect()
     }
 
-    /// Adds a real listing from tests/fixtures/hf-listings.json at its pinned commit.
+    /// Adds a listing of the fixtures at its pinned commit. A synthetic one may carry
+    /// `"fault"` (a [`RepoFault`] name) and `"header": "tiny-llama"` (a GGUF header for its
+    /// weights, so the Check stage can read them).
     pub fn add_listing(&self, repo: &str) -> String {
-        let data = listings();
-        let r = data["repos"]
-            .as_array()
-            .unwrap()
+        let all = listings();
+        let r = all
             .iter()
             .find(|r| r["repo"] == repo)
-            .expect("listing in the fixture");
+            .expect("listing in the fixtures");
         let commit = r["revision"].as_str().unwrap().to_string();
+        let tiny = r["header"].as_str() == Some("tiny-llama");
         let files = r["files"]
             .as_array()
             .unwrap()
@@ -199,7 +271,11 @@ impl FakeHub {
                 match f["size"].as_u64() {
                     Some(size) => {
                         let mut file = HubFile::listed(path, size);
-                        file.prefix = super::models::listing_header(repo, path).map(Arc::new);
+                        file.prefix = match tiny {
+                            true => tiny_llama_header(path),
+                            false => super::models::listing_header(repo, path),
+                        }
+                        .map(Arc::new);
                         file
                     }
                     None => HubFile::git(path, "placeholder\n"),
@@ -210,7 +286,21 @@ impl FakeHub {
         let repo_entry = inner.repos.entry(repo.into()).or_default();
         repo_entry.commits.insert(commit.clone(), files);
         repo_entry.branches.insert("main".into(), commit.clone());
+        repo_entry.fault = r["fault"]
+            .as_str()
+            .map(|f| RepoFault::parse(f).expect("a RepoFault name"));
         commit
+    }
+
+    /// Makes every request about `repo` misbehave as `fault` (None: behave again).
+    pub fn set_fault(&self, repo: &str, fault: Option<RepoFault>) {
+        self.inner
+            .lock()
+            .unwrap()
+            .repos
+            .entry(repo.into())
+            .or_default()
+            .fault = fault;
     }
 
     /// Moves `branch` of `repo` to a new commit with `files`; returns the new commit.
@@ -261,6 +351,19 @@ impl FakeHub {
                 .collect(),
             times,
             delay: None,
+            endless_body: false,
+        });
+    }
+
+    /// Answers the next `times` matching requests with `status` and a body that never ends.
+    pub fn fail_endless(&self, path_contains: &str, status: u16, times: usize) {
+        self.inner.lock().unwrap().faults.push(Fault {
+            path_contains: path_contains.into(),
+            status,
+            headers: vec![],
+            times,
+            delay: None,
+            endless_body: true,
         });
     }
 
@@ -272,6 +375,7 @@ impl FakeHub {
             headers: vec![],
             times,
             delay: Some(delay),
+            endless_body: false,
         });
     }
 
@@ -357,12 +461,154 @@ impl FakeHub {
 
 type Shared = Arc<Mutex<Inner>>;
 
-fn listings() -> serde_json::Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/hf-listings.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+/// The repositories of both listing fixtures.
+fn listings() -> Vec<serde_json::Value> {
+    ["hf-listings.json", "synthetic-listings.json"]
+        .iter()
+        .flat_map(|name| {
+            let path = format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+            let data: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            data["repos"].as_array().unwrap().clone()
+        })
+        .collect()
+}
+
+/// A small llama header for a weights file of a synthetic listing; a shard after the first
+/// carries only its split keys, as llama-gguf-split writes them.
+fn tiny_llama_header(path: &str) -> Option<Vec<u8>> {
+    use modelserve::gguf::header::{Value, write};
+    let stem = path.strip_suffix(".gguf")?;
+    let shard = stem
+        .rsplit_once("-of-")
+        .and_then(|(head, count)| Some((head.get(head.len().checked_sub(5)?..)?, count)))
+        .and_then(|(no, count)| Some((no.parse::<u16>().ok()?, count.parse::<u16>().ok()?)));
+    let mut m = super::models::Dense::tiny("llama");
+    m.vocab_size_only = true;
+    match shard {
+        None => Some(m.gguf()),
+        Some((no, count)) => {
+            let split = [
+                ("split.no", Value::U16(no.checked_sub(1)?)),
+                ("split.count", Value::U16(count)),
+            ];
+            if no == 1 {
+                m.raw
+                    .extend(split.iter().map(|(k, v)| (k.to_string(), v.clone())));
+                Some(m.gguf())
+            } else {
+                Some(write::header(&split, &[]))
+            }
+        }
+    }
+}
+
+/// Records a request about `repo_id` and answers it as the repository's fault says, if it
+/// has one; None lets the request through. A request that is never answered never returns.
+async fn faulty(
+    state: &Shared,
+    endpoint: Endpoint,
+    repo_id: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Response> {
+    let fault = {
+        let inner = state.lock().unwrap();
+        RepoFault::of_repo(repo_id).or_else(|| inner.repos.get(repo_id).and_then(|r| r.fault))
+    }?;
+    let (page_size, start) = {
+        let mut inner = state.lock().unwrap();
+        inner.requests.push(path.to_string());
+        let start = query
+            .and_then(|q| q.split('&').find_map(|p| p.strip_prefix("cursor=")))
+            .and_then(|c| c.parse::<usize>().ok())
+            .unwrap_or(0);
+        (inner.page_size, start)
+    };
+    let json = |body: String| {
+        Response::builder()
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let info = || {
+        json(
+            serde_json::json!({ "id": repo_id, "sha": FAULT_COMMIT, "private": false, "gated": false })
+                .to_string(),
+        )
+    };
+    match (fault, endpoint) {
+        (RepoFault::NeverAnswers, _) => std::future::pending().await,
+        (RepoFault::RedirectLoop, _) => {
+            let target = match query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.to_string(),
+            };
+            Some(
+                Response::builder()
+                    .status(StatusCode::FOUND)
+                    .header(header::LOCATION, target)
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+        }
+        (_, Endpoint::Resolve) => None,
+        (RepoFault::MalformedJson, Endpoint::Info) => Some(
+            Response::builder()
+                .header(header::CONTENT_TYPE, "text/html")
+                .body(Body::from(
+                    "<!DOCTYPE html><html><body><h1>502 Proxy Error</h1></body></html>",
+                ))
+                .unwrap(),
+        ),
+        (RepoFault::MalformedJson, Endpoint::Tree) => Some(json(
+            "[{\"type\":\"file\",\"path\":\"m-Q8_0.gguf\",\"size\":".into(),
+        )),
+        (RepoFault::StallsBody, _) => {
+            let head = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(
+                b"{\"sha\":\"",
+            ))]);
+            let body = head.chain(futures::stream::pending());
+            Some(
+                Response::builder()
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .header(header::CONTENT_LENGTH, "4096")
+                    .body(Body::from_stream(body))
+                    .unwrap(),
+            )
+        }
+        (RepoFault::HugeAnswer, _) => {
+            // 20 MiB of JSON whitespace, chunked: only reading tells how long it is.
+            let piece = Bytes::from(vec![b' '; 64 << 10]);
+            let body = futures::stream::iter(
+                (0..320).map(move |_| Ok::<_, std::io::Error>(piece.clone())),
+            );
+            Some(
+                Response::builder()
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from_stream(body))
+                    .unwrap(),
+            )
+        }
+        (RepoFault::EndlessTree, Endpoint::Info) => Some(info()),
+        (RepoFault::EndlessTree, Endpoint::Tree) => {
+            let page: Vec<_> = (start..start + page_size)
+                .map(|n| serde_json::json!({"type": "file", "path": format!("d{}/f{n}.bin", n % 97), "size": n}))
+                .collect();
+            let host = headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or("127.0.0.1");
+            let mut r = json(serde_json::Value::Array(page).to_string());
+            let link = format!(
+                "<http://{host}{path}?recursive=true&cursor={}>; rel=\"next\"",
+                start + page_size
+            );
+            r.headers_mut().insert(header::LINK, link.parse().unwrap());
+            Some(r)
+        }
+    }
 }
 
 fn error(status: u16, code: Option<&str>, message: &str) -> Response {
@@ -408,7 +654,15 @@ async fn gate(
             for (k, v) in &f.headers {
                 r = r.header(k.as_str(), v.as_str());
             }
-            return Err(r.body(Body::from("{\"error\":\"injected\"}")).unwrap());
+            let body = if f.endless_body {
+                let piece = Bytes::from(vec![b'x'; 16 << 10]);
+                Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::io::Error>(piece.clone())
+                }))
+            } else {
+                Body::from("{\"error\":\"injected\"}")
+            };
+            return Err(r.body(body).unwrap());
         }
     }
     let inner = state.lock().unwrap();
@@ -489,10 +743,23 @@ async fn at_revision(
 async fn model_info(
     State(state): State<Shared>,
     Path((owner, name, rev)): Path<(String, String, String)>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/api/models/{repo_id}/revision/{rev}");
+    if let Some(r) = faulty(
+        &state,
+        Endpoint::Info,
+        &repo_id,
+        uri.path(),
+        uri.query(),
+        &headers,
+    )
+    .await
+    {
+        return r;
+    }
     let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, false).await {
         Ok(found) => found,
         Err(resp) => return resp,
@@ -533,10 +800,23 @@ async fn tree(
     State(state): State<Shared>,
     Path((owner, name, rev)): Path<(String, String, String)>,
     Query(q): Query<HashMap<String, String>>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/api/models/{repo_id}/tree/{rev}");
+    if let Some(r) = faulty(
+        &state,
+        Endpoint::Tree,
+        &repo_id,
+        uri.path(),
+        uri.query(),
+        &headers,
+    )
+    .await
+    {
+        return r;
+    }
     let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, false).await {
         Ok(found) => found,
         Err(resp) => return resp,
@@ -558,7 +838,7 @@ async fn tree(
             serde_json::json!({"type": "file", "oid": oid, "size": f.size, "path": f.path,
                 "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": pointer_size}})
         } else {
-            serde_json::json!({"type": "file", "oid": &f.sha256[..40], "size": f.size, "path": f.path})
+            serde_json::json!({"type": "file", "oid": f.sha256.get(..40), "size": f.size, "path": f.path})
         });
     }
     let page: Vec<_> = entries
@@ -591,10 +871,23 @@ async fn resolve(
     State(state): State<Shared>,
     method: Method,
     Path((owner, name, rev, file)): Path<(String, String, String, String)>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
     let repo_id = format!("{owner}/{name}");
     let path = format!("/{repo_id}/resolve/{rev}/{file}");
+    if let Some(r) = faulty(
+        &state,
+        Endpoint::Resolve,
+        &repo_id,
+        uri.path(),
+        uri.query(),
+        &headers,
+    )
+    .await
+    {
+        return r;
+    }
     let (repo, commit) = match at_revision(&state, &path, &headers, &repo_id, &rev, true).await {
         Ok(found) => found,
         Err(resp) => return resp,
@@ -631,7 +924,10 @@ async fn resolve(
     };
     Response::builder()
         .header("x-repo-commit", commit)
-        .header(header::ETAG, format!("\"{}\"", &f.sha256[..40]))
+        .header(
+            header::ETAG,
+            format!("\"{}\"", f.sha256.get(..40).unwrap_or_default()),
+        )
         .header(header::CONTENT_LENGTH, f.size.to_string())
         .body(body)
         .unwrap()

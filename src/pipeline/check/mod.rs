@@ -251,10 +251,7 @@ async fn read(
     p: &Plan,
 ) -> Result<CheckStatus, CheckFailure> {
     let token = token::token(env, ms).await?;
-    let hub = Hub::new(
-        &env.settings.registry_endpoint,
-        token.map(|t| t.expose().to_string()),
-    )?;
+    let hub = env.settings.registry.hub(token)?;
     inspect(&hub, &ms.spec.repo, resolved, p).await
 }
 

@@ -156,10 +156,7 @@ pub async fn run(env: &Env, ms: &ModelServe, resolved: &mut Option<ResolvedStatu
 
 async fn attempt(env: &Env, ms: &ModelServe) -> Result<ResolvedStatus, ResolveFailure> {
     let token = token::token(env, ms).await?;
-    let hub = Hub::new(
-        &env.settings.registry_endpoint,
-        token.map(|t| t.expose().to_string()),
-    )?;
+    let hub = env.settings.registry.hub(token)?;
     resolve(&hub, &ms.spec).await
 }
 
