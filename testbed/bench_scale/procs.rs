@@ -156,6 +156,9 @@ impl Proc {
             .stdin(Stdio::null())
             .stdout(file)
             .stderr(err)
+            // A group of its own: Ctrl-C in the terminal reaches the benchmark, which stops
+            // them in order, and not them at once.
+            .process_group(0)
             .kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);

@@ -18,12 +18,17 @@ struct Seen {
     /// When `observed` took its value: the arrival of the watch event that carried it.
     observed_at: Instant,
     on_demand: bool,
+    /// A stage's condition is False: this model will not reach OnDemand by itself.
+    failed: bool,
 }
 
 #[derive(Default)]
 struct State {
     models: HashMap<String, Seen>,
     on_demand: usize,
+    failed: usize,
+    /// One failed model and what its condition says, to name in an error.
+    a_failure: Option<String>,
     synced: bool,
     error: Option<String>,
 }
@@ -36,8 +41,18 @@ impl State {
         let status = ms.status.as_ref();
         let observed = status.and_then(|s| s.observed_generation).unwrap_or(0);
         let on_demand = status.and_then(|s| s.stage.as_deref()) == Some("OnDemand");
+        let failure = status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.status == "False" && c.type_ != "Ready")
+        });
+        let failed = failure.is_some();
+        if let Some(c) = failure {
+            self.a_failure = Some(format!("{name}: {} ({}): {}", c.type_, c.reason, c.message));
+        }
         let old = self.models.get(&name);
         let was = old.is_some_and(|s| s.on_demand);
+        let was_failed = old.is_some_and(|s| s.failed);
         let observed_at = match old {
             Some(s) if s.observed == observed => s.observed_at,
             _ => now,
@@ -47,12 +62,18 @@ impl State {
             (true, false) => self.on_demand = self.on_demand.saturating_sub(1),
             _ => {}
         }
+        match (was_failed, failed) {
+            (false, true) => self.failed += 1,
+            (true, false) => self.failed = self.failed.saturating_sub(1),
+            _ => {}
+        }
         self.models.insert(
             name,
             Seen {
                 observed,
                 observed_at,
                 on_demand,
+                failed,
             },
         );
     }
@@ -63,8 +84,13 @@ impl State {
             .name
             .as_ref()
             .and_then(|n| self.models.remove(n));
-        if removed.is_some_and(|s| s.on_demand) {
-            self.on_demand = self.on_demand.saturating_sub(1);
+        if let Some(s) = removed {
+            if s.on_demand {
+                self.on_demand = self.on_demand.saturating_sub(1);
+            }
+            if s.failed {
+                self.failed = self.failed.saturating_sub(1);
+            }
         }
     }
 }
@@ -110,9 +136,14 @@ impl Tracker {
         f(&self.state.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// How many models have status.stage OnDemand, and how many there are.
+    /// How many models have status.stage OnDemand, and how many have a failed stage.
     pub fn counts(&self) -> (usize, usize) {
-        self.with(|s| (s.on_demand, s.models.len()))
+        self.with(|s| (s.on_demand, s.failed))
+    }
+
+    /// One failed model with its condition, if any failed.
+    pub fn a_failure(&self) -> Option<String> {
+        self.with(|s| s.a_failure.clone())
     }
 
     /// The last error of the watch (it retries by itself).
@@ -168,6 +199,12 @@ impl Tracker {
 
     /// Ends the watch, so it sends no request during an idle window.
     pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Tracker {
+    fn drop(&mut self) {
         self.task.abort();
     }
 }
