@@ -5,8 +5,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::api::ModelServe;
+use crate::api::{ModelServe, ModelServeStatus};
 use crate::cli::status::{age, table};
+use crate::cli::text::{NAME_CHARS, WORD_CHARS, shown};
 use crate::cli::{Failure, cluster};
 
 /// Flags of `modelserve list`.
@@ -61,31 +62,29 @@ pub fn render(items: &[ModelServe], with_namespace: bool, now: Timestamp) -> Str
         header.insert(0, "NAMESPACE");
     }
     let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
+    let none = ModelServeStatus::default();
     for ms in items {
-        let s = ms.status.clone().unwrap_or_default();
+        let s = ms.status.as_ref().unwrap_or(&none);
+        let name = |v: Option<&str>| shown(v.unwrap_or_default(), NAME_CHARS);
+        let word = |v: Option<&str>| shown(v.unwrap_or_default(), WORD_CHARS);
         let mut row = vec![
-            ms.metadata.name.clone().unwrap_or_default(),
-            ms.spec.repo.clone(),
-            s.resolved
-                .as_ref()
-                .and_then(|r| r.quant.clone())
-                .unwrap_or_default(),
-            s.stage.clone().unwrap_or_default(),
-            s.progress.clone().unwrap_or_default(),
-            s.check
-                .as_ref()
-                .and_then(|c| c.memory.clone())
-                .unwrap_or_default(),
-            s.ready.clone().unwrap_or_default(),
+            name(ms.metadata.name.as_deref()),
+            name(Some(&ms.spec.repo)),
+            word(s.resolved.as_ref().and_then(|r| r.quant.as_deref())),
+            word(s.stage.as_deref()),
+            word(s.progress.as_deref()),
+            word(s.check.as_ref().and_then(|c| c.memory.as_deref())),
+            word(s.ready.as_deref()),
             s.smoke
                 .as_ref()
                 .and_then(|m| m.tokens_per_second)
+                .filter(|t| t.is_finite())
                 .map(|t| format!("{t:.1}"))
                 .unwrap_or_default(),
             age(ms.metadata.creation_timestamp.as_ref(), now),
         ];
         if with_namespace {
-            row.insert(0, ms.metadata.namespace.clone().unwrap_or_default());
+            row.insert(0, name(ms.metadata.namespace.as_deref()));
         }
         rows.push(row);
     }
@@ -95,7 +94,7 @@ pub fn render(items: &[ModelServe], with_namespace: bool, now: Timestamp) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ModelServeSpec, ModelServeStatus, SmokeStatus};
+    use crate::api::{ModelServeSpec, SmokeStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     #[test]
@@ -123,5 +122,29 @@ mod tests {
              tiny   acme/Tiny-GGUF           Ready                       1/1     85.3    3m\n"
         );
         assert!(render(&[ms], true, now).starts_with("NAMESPACE   NAME"));
+    }
+
+    #[test]
+    fn a_hostile_row_stays_one_line_of_bounded_cells() {
+        let spec: ModelServeSpec =
+            serde_json::from_value(serde_json::json!({"repo": "acme/Tiny-GGUF"})).unwrap();
+        let mut ms = ModelServe::new("tiny", spec);
+        ms.status = Some(ModelServeStatus {
+            stage: Some("Mirror\nFAKE ROW\x1b[2J".into()),
+            progress: Some("😀".repeat(10_000)),
+            ready: None,
+            smoke: Some(SmokeStatus {
+                tokens_per_second: Some(f64::NAN),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let text = render(&[ms], false, now);
+        assert_eq!(text.lines().count(), 2, "{text}");
+        assert!(!text.contains('\x1b') && !text.contains("NaN"), "{text}");
+        let row = text.lines().nth(1).unwrap();
+        assert!(row.contains("Mirror FAKE ROW [2J"), "{row}");
+        assert_eq!(row.matches('😀').count(), WORD_CHARS - 1, "{row}");
     }
 }

@@ -6,6 +6,7 @@ pub mod list;
 pub mod plan;
 pub mod serve;
 pub mod status;
+pub mod text;
 pub mod watch;
 
 use std::process::ExitCode;

@@ -7,9 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{ModelServe, ModelServeStatus};
+use crate::cli::text::{MESSAGE_CHARS, NAME_CHARS, WORD_CHARS, shown};
 use crate::cli::watch::{self, Display};
 use crate::cli::{Failure, Output, cluster, program_name};
-use crate::conditions::READY;
 use crate::pipeline::Stage;
 use crate::units::human_bytes;
 
@@ -71,7 +71,7 @@ pub async fn run(args: Args) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The status page of one ModelServe.
+/// The status page of one ModelServe; everything the server wrote passes through [`shown`].
 pub fn render(ms: &ModelServe, now: Timestamp) -> String {
     let status = ms.status.clone().unwrap_or_default();
     let spec = &ms.spec;
@@ -82,18 +82,25 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
         "Name:",
         format!(
             "{}/{}",
-            ms.metadata.namespace.as_deref().unwrap_or_default(),
-            ms.metadata.name.as_deref().unwrap_or_default()
+            shown(
+                ms.metadata.namespace.as_deref().unwrap_or_default(),
+                NAME_CHARS
+            ),
+            shown(ms.metadata.name.as_deref().unwrap_or_default(), NAME_CHARS)
         ),
     );
     let choice = match (&spec.file, &spec.quant) {
-        (Some(f), _) => format!("file {f}"),
-        (None, _) => format!("quant {}", spec.quant()),
+        (Some(f), _) => format!("file {}", shown(f, NAME_CHARS)),
+        (None, _) => format!("quant {}", shown(spec.quant(), WORD_CHARS)),
     };
     field(
         &mut s,
         "Repo:",
-        format!("{} (revision {}, {choice})", spec.repo, spec.revision()),
+        format!(
+            "{} (revision {}, {choice})",
+            shown(&spec.repo, NAME_CHARS),
+            shown(spec.revision(), NAME_CHARS)
+        ),
     );
     let observed = match (status.observed_generation, ms.metadata.generation) {
         (Some(o), Some(g)) if o < g => format!(" (status describes generation {o} of {g})"),
@@ -105,13 +112,13 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
         "Stage:",
         format!(
             "{}{}{observed}",
-            status.stage.as_deref().unwrap_or("-"),
+            shown(status.stage.as_deref().unwrap_or("-"), WORD_CHARS),
             // status.progress is the mirror's; after the Mirror stage it only says 100%.
             status
                 .progress
                 .as_deref()
                 .filter(|_| status.stage.as_deref() == Some(Stage::Mirror.name()))
-                .map(|p| format!(" {p}"))
+                .map(|p| format!(" {}", shown(p, WORD_CHARS)))
                 .unwrap_or_default()
         ),
     );
@@ -120,7 +127,8 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
         "Ready:",
         status
             .ready
-            .clone()
+            .as_deref()
+            .map(|r| shown(r, WORD_CHARS))
             .unwrap_or_else(|| format!("0/{}", spec.replicas)),
     );
     s.push('\n');
@@ -132,20 +140,13 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
         "AGE".into(),
         "MESSAGE".into(),
     ]];
-    let order = Stage::ALL
-        .iter()
-        .map(|st| (st.name(), st.condition()))
-        .chain(std::iter::once((READY, READY)));
-    for (stage, type_) in order {
-        let Some(c) = status.conditions.iter().find(|c| c.type_ == type_) else {
-            continue;
-        };
+    for (stage, _, c) in watch::observe::conditions(&status) {
         rows.push(vec![
             stage.to_string(),
-            c.status.clone(),
-            c.reason.clone(),
+            shown(&c.status, WORD_CHARS),
+            shown(&c.reason, WORD_CHARS),
             age(Some(&c.last_transition_time), now),
-            c.message.split_whitespace().collect::<Vec<_>>().join(" "),
+            shown(&c.message, MESSAGE_CHARS),
         ]);
     }
     if rows.len() == 1 {
@@ -158,6 +159,9 @@ pub fn render(ms: &ModelServe, now: Timestamp) -> String {
     s
 }
 
+/// The most files of the mirror listed one by one.
+const MAX_FILES: usize = 20;
+
 /// What the stages found: resolved set, check, mirror, smoke test, endpoint.
 fn findings(status: &ModelServeStatus) -> String {
     let mut s = String::new();
@@ -168,30 +172,31 @@ fn findings(status: &ModelServeStatus) -> String {
             "Resolved:",
             format!(
                 "{}{} at commit {}, {} in {} file(s), served as {:?}",
-                r.set,
+                shown(&r.set, NAME_CHARS),
                 r.quant
                     .as_deref()
-                    .map(|q| format!(" ({q})"))
+                    .map(|q| format!(" ({})", shown(q, WORD_CHARS)))
                     .unwrap_or_default(),
-                r.commit,
+                shown(&r.commit, WORD_CHARS),
                 human_bytes(u64::try_from(r.total_bytes).unwrap_or(0)),
                 r.files.len(),
-                r.served_name
+                shown(&r.served_name, NAME_CHARS)
             ),
         );
     }
     if let Some(c) = &status.check {
+        let word = |v: &Option<String>| shown(v.as_deref().unwrap_or("?"), WORD_CHARS);
         let mut v = format!(
             "{} (loads from {}, nodes run {})",
-            c.architecture.as_deref().unwrap_or("?"),
-            c.first_build.as_deref().unwrap_or("?"),
-            c.engine_build.as_deref().unwrap_or("?"),
+            word(&c.architecture),
+            word(&c.first_build),
+            word(&c.engine_build),
         );
         if let Some(m) = &c.memory {
-            v += &format!("; {m} per replica");
+            v += &format!("; {} per replica", shown(m, WORD_CHARS));
         }
         if let Some(b) = &c.basis {
-            v += &format!(": {b}");
+            v += &format!(": {}", shown(b, MESSAGE_CHARS));
         }
         field(&mut s, "Check:", v);
     }
@@ -201,19 +206,23 @@ fn findings(status: &ModelServeStatus) -> String {
             "Mirror:",
             format!(
                 "{}% ({} of {})",
-                m.percent,
+                watch::observe::clamp_percent(m.percent),
                 human_bytes(u64::try_from(m.bytes_done).unwrap_or(0)),
                 human_bytes(u64::try_from(m.bytes_total).unwrap_or(0))
             ),
         );
-        for f in &m.files {
+        // A listing of thousands of files says how many more there are after the first ones.
+        for f in m.files.iter().take(MAX_FILES) {
             s.push_str(&format!(
                 "{:<12}  {}  {}  {}\n",
                 "",
-                f.path,
-                f.state,
+                shown(&f.path, NAME_CHARS),
+                shown(&f.state, WORD_CHARS),
                 human_bytes(u64::try_from(f.bytes_done).unwrap_or(0))
             ));
+        }
+        if let Some(more) = m.files.len().checked_sub(MAX_FILES).filter(|&n| n > 0) {
+            s.push_str(&format!("{:<12}  and {more} more file(s)\n", ""));
         }
     }
     if let Some(p) = &status.placement {
@@ -222,9 +231,9 @@ fn findings(status: &ModelServeStatus) -> String {
             "Placement:",
             format!(
                 "pod {} on {} at {}",
-                p.pod,
-                p.node.as_deref().unwrap_or("?"),
-                p.address
+                shown(&p.pod, NAME_CHARS),
+                shown(p.node.as_deref().unwrap_or("?"), NAME_CHARS),
+                shown(&p.address, NAME_CHARS)
             ),
         );
     }
@@ -260,7 +269,8 @@ pub fn table(rows: &[Vec<String>]) -> String {
         for (i, cell) in row.iter().enumerate() {
             line.push_str(cell);
             if i + 1 < row.len() {
-                let pad = widths[i] - cell.chars().count() + 3;
+                let width = widths.get(i).copied().unwrap_or(0);
+                let pad = width.saturating_sub(cell.chars().count()) + 3;
                 line.push_str(&" ".repeat(pad));
             }
         }
@@ -389,5 +399,56 @@ Mirror:     50% (1.0 MiB of 2.0 MiB)
               tiny-Q4_K_M.gguf  downloading  1.0 MiB
 "
         );
+    }
+
+    #[test]
+    fn a_hostile_status_still_gives_a_bounded_page() {
+        let spec: ModelServeSpec =
+            serde_json::from_value(serde_json::json!({"repo": "acme/Tiny-GGUF"})).unwrap();
+        let mut ms = ModelServe::new("tiny", spec);
+        ms.status = Some(ModelServeStatus::default());
+        let page = render(&ms, at(0));
+        assert!(
+            page.contains("No stage has run yet: is the modelserve controller running?"),
+            "{page}"
+        );
+        ms.status = Some(ModelServeStatus {
+            stage: Some("Mirror\x1b[2J".into()),
+            progress: Some("9".repeat(10_000)),
+            conditions: vec![Condition {
+                type_: "Mirrored".into(),
+                status: "Unknown".into(),
+                reason: "Mirroring".into(),
+                message: "щ".repeat(10_000),
+                observed_generation: None,
+                last_transition_time: Time(at(0)),
+            }],
+            mirror: Some(MirrorStatus {
+                request: None,
+                bytes_done: -7,
+                bytes_total: i64::MAX,
+                percent: 1000,
+                files: (0..5000)
+                    .map(|i| MirrorFileStatus {
+                        path: format!("f{i}.gguf"),
+                        state: "queued".into(),
+                        bytes_done: 0,
+                    })
+                    .collect(),
+            }),
+            ..Default::default()
+        });
+        let page = render(&ms, at(0));
+        assert!(!page.contains('\x1b'), "no escape codes reach the terminal");
+        assert!(page.contains("\nMirror:     100% (0 B of "), "{page}");
+        assert!(page.contains("and 4980 more file(s)"));
+        assert!(page.lines().count() < 50, "{} lines", page.lines().count());
+        assert!(
+            page.lines()
+                .all(|l| l.chars().count() <= MESSAGE_CHARS + 60),
+            "every line is bounded"
+        );
+        let row = page.lines().find(|l| l.starts_with("Mirror  ")).unwrap();
+        assert!(row.ends_with('…'), "{row}");
     }
 }
