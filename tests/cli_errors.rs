@@ -211,32 +211,35 @@ fn plugin_dir() -> tempfile::TempDir {
 }
 
 /// `kubectl ARGS` with the plugin on PATH.
-fn kubectl_plugin(tb: &Testbed, plugins: &Path, args: &[&str]) -> Output {
+/// kubectl of the test bed, finding the plugin in `plugins`.
+fn kubectl_plugin(tb: &Testbed, plugins: &Path, args: &[&str]) -> std::process::Command {
     let path = format!(
         "{}:{}:{}",
         plugins.display(),
         tb.bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    tb.command("kubectl")
-        .args(args)
-        .env("PATH", path)
-        .output()
-        .unwrap()
+    let mut c = tb.command("kubectl");
+    c.args(args).env("PATH", path);
+    c
 }
 
 #[test]
 fn as_a_kubectl_plugin_the_usage_says_kubectl_modelserve() {
     let tb = Testbed::get();
     let plugins = plugin_dir();
-    let help = kubectl_plugin(&tb, plugins.path(), &["modelserve", "serve", "--help"]);
+    let help = kubectl_plugin(&tb, plugins.path(), &["modelserve", "serve", "--help"])
+        .output()
+        .unwrap();
     assert!(help.status.success(), "{help:?}");
     let text = String::from_utf8(help.stdout).unwrap();
     assert!(
         text.contains("Usage: kubectl modelserve serve [OPTIONS] <REPO>"),
         "{text}"
     );
-    let out = kubectl_plugin(&tb, plugins.path(), &["modelserve", "serve", "--bogus"]);
+    let out = kubectl_plugin(&tb, plugins.path(), &["modelserve", "serve", "--bogus"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         one_line(&out),
@@ -245,43 +248,29 @@ fn as_a_kubectl_plugin_the_usage_says_kubectl_modelserve() {
 }
 
 /// Reinstalls the CRD when dropped, even when an assertion failed in between.
-struct CrdBack<'a>(&'a Testbed);
-
-impl Drop for CrdBack<'_> {
-    fn drop(&mut self) {
-        self.0.install_crd();
-    }
-}
-
 #[test]
 fn a_missing_crd_says_how_to_install_it() {
+    // A second, empty API server: the test bed's CRD (and every ModelServe) stays as it is.
     let tb = Testbed::get();
+    let empty = tb.empty_apiserver();
     let plugins = plugin_dir();
-    let ns = tb.namespace("cli-nocrd");
-    tb.kubectl(&[
-        "delete",
-        "crd",
-        "modelserves.modelserve.dev",
-        "--ignore-not-found",
-        "--wait=true",
-    ]);
-    let outs = {
-        let _back = CrdBack(&tb);
-        let mut outs = Vec::new();
-        for args in [
-            &["serve", "acme/Tiny-GGUF", "-n", &ns.name][..],
-            &["status", "tiny", "-n", &ns.name],
-            &["list", "-A"],
-        ] {
-            outs.push((args.join(" "), "modelserve", run(args, &tb.kubeconfig)));
-        }
-        outs.push((
-            "kubectl modelserve list".into(),
-            "kubectl modelserve",
-            kubectl_plugin(&tb, plugins.path(), &["modelserve", "list", "-n", &ns.name]),
-        ));
-        outs
-    };
+    let ns = "default";
+    let mut outs = Vec::new();
+    for args in [
+        &["serve", "acme/Tiny-GGUF", "-n", ns][..],
+        &["status", "tiny", "-n", ns],
+        &["list", "-A"],
+    ] {
+        outs.push((args.join(" "), "modelserve", run(args, &empty.kubeconfig)));
+    }
+    outs.push((
+        "kubectl modelserve list".into(),
+        "kubectl modelserve",
+        kubectl_plugin(&tb, plugins.path(), &["modelserve", "list", "-n", ns])
+            .env("KUBECONFIG", &empty.kubeconfig)
+            .output()
+            .unwrap(),
+    ));
     for (args, program, out) in outs {
         assert_eq!(out.status.code(), Some(1), "{args}");
         assert_eq!(

@@ -219,14 +219,17 @@ async fn failures_name_their_cause_and_transient_ones_recover() {
         "{message}"
     );
 
-    // A registry that fails for a while: Unknown with the cause and "trying again", then True.
+    // A registry that fails for a while: False with the cause, when it is tried again and the
+    // attempt, then True.
     hub.fail("/api/models/acme/Tiny-GGUF/revision", 503, &[], 8);
     create(&api, "flaky", serde_json::json!({"repo": "acme/Tiny-GGUF"})).await;
-    let s = resolved_as(&api, "flaky", "Unknown", Duration::from_secs(10)).await;
+    let s = resolved_as(&api, "flaky", "False", Duration::from_secs(10)).await;
     let (_, reason, message) = condition(&s, "Resolved");
     assert_eq!(reason, "RegistryUnavailable", "{message}");
     assert!(
-        message.contains("HTTP 503") && message.contains("trying again"),
+        message.contains("HTTP 503")
+            && message.contains("trying again in")
+            && message.contains("(attempt 1)"),
         "{message}"
     );
     resolved_as(&api, "flaky", "True", Duration::from_secs(60)).await;

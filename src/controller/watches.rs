@@ -72,28 +72,22 @@ impl Watches {
         }));
 
         let (synced_tx, synced) = tokio::sync::watch::channel(false);
+        let cache = Cache {
+            deployments,
+            replica_sets,
+            pods,
+            services,
+            secrets,
+            nodes,
+            synced,
+        };
         tokio::spawn(crate::pipeline::cache::announce_synced(
-            (
-                deployments.clone(),
-                replica_sets.clone(),
-                pods.clone(),
-                services.clone(),
-                secrets.clone(),
-                nodes.clone(),
-            ),
+            cache.clone(),
             synced_tx,
         ));
         Watches {
             models,
-            cache: Cache {
-                deployments,
-                replica_sets,
-                pods,
-                services,
-                secrets,
-                nodes,
-                synced,
-            },
+            cache,
             model_events,
             deployments: deployment_events,
             services: service_events,

@@ -8,7 +8,7 @@ use reqwest::header::HeaderMap;
 use crate::units::human_bytes;
 
 /// A registry failure, named by its cause.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
 pub enum HubError {
     #[error(
         "the registry has no repository {repo}, or it is private and the request had no token with access (the registry answers both the same way); check spec.repo, or set spec.tokenSecretRef"
@@ -19,10 +19,12 @@ pub enum HubError {
     #[error(
         "{repo} is gated and the request had no token: set spec.tokenSecretRef to a Secret holding the token of an account that was granted access at {url}"
     )]
+    #[strum(serialize = "GatedRepoNoToken")]
     GatedNoToken { repo: String, url: String },
     #[error(
         "{repo} is gated and the token's account is not in its authorized list yet: ask for access at {url}, then change the spec to retry"
     )]
+    #[strum(serialize = "GatedRepoNotApproved")]
     GatedNotApproved { repo: String, url: String },
     #[error("{repo} at {revision} has no file {path}")]
     FileNotFound {
@@ -33,25 +35,30 @@ pub enum HubError {
     #[error(
         "{repo} is disabled on the registry (access to it is turned off by its owner or the registry)"
     )]
+    #[strum(serialize = "RepoDisabled")]
     Disabled { repo: String },
     #[error(
         "the registry rejected the token (invalid credentials) for {repo}: check the Secret the token comes from"
     )]
+    #[strum(serialize = "InvalidToken")]
     BadToken { repo: String },
     #[error("the registry refused access to {repo} ({status}): {message}")]
+    #[strum(serialize = "AccessDenied")]
     Forbidden {
         repo: String,
         status: u16,
         message: String,
     },
-    #[error("the registry is rate-limiting these requests; retrying after {retry_after:?}")]
+    #[error("the registry is rate-limiting these requests; its limit resets in {}s", retry_after.as_secs())]
     RateLimited { retry_after: Duration },
-    #[error("the registry is unavailable ({cause}) after {attempts} attempts; retrying")]
+    #[error("the registry is unavailable ({cause}) after {attempts} attempts")]
+    #[strum(serialize = "RegistryUnavailable")]
     Unavailable { cause: String, attempts: u32 },
     #[error(
-        "the registry at {endpoint} did not answer {what} within {}s ({attempts} attempts, timed out); retrying",
+        "the registry at {endpoint} did not answer {what} within {}s ({attempts} attempts, timed out)",
         waited.as_secs()
     )]
+    #[strum(serialize = "RegistryNotAnswering")]
     NoAnswer {
         endpoint: String,
         what: String,
@@ -59,10 +66,12 @@ pub enum HubError {
         attempts: u32,
     },
     #[error("the registry sent a response that cannot be used ({what})")]
+    #[strum(serialize = "InvalidRegistryResponse")]
     Malformed { what: String },
     #[error(
-        "the registry at {endpoint} answered {what} with something that is not the JSON expected ({expected}): {error}; it begins {begins:?} (a proxy in the way or a registry in trouble sends this; retrying)"
+        "the registry at {endpoint} answered {what} with something that is not the JSON expected ({expected}): {error}; it begins {begins:?} (a proxy in the way or a registry in trouble sends this)"
     )]
+    #[strum(serialize = "MalformedRegistryJson")]
     MalformedJson {
         endpoint: String,
         what: String,
@@ -74,6 +83,7 @@ pub enum HubError {
         "the registry at {endpoint} sent more than {} for {what}; modelserve reads at most that much of it",
         human_bytes(*cap as u64)
     )]
+    #[strum(serialize = "RegistryResponseTooLarge")]
     TooLarge {
         endpoint: String,
         what: String,
@@ -92,6 +102,7 @@ pub enum HubError {
     #[error(
         "the file tree of {repo} runs past {max} pages ({files} files so far); this is more than the operator reads"
     )]
+    #[strum(serialize = "TooManyTreePages")]
     TooManyPages {
         repo: String,
         max: usize,
@@ -100,8 +111,10 @@ pub enum HubError {
     #[error(
         "the registry CA bundle {path} cannot be used: {why}; it must be a PEM file of root certificates (-----BEGIN CERTIFICATE-----)"
     )]
+    #[strum(serialize = "InvalidCaBundle")]
     CaBundle { path: String, why: String },
     #[error("{what} {value:?} is not valid: {why}")]
+    #[strum(serialize = "InvalidSpec")]
     InvalidInput {
         what: &'static str,
         value: String,
@@ -112,27 +125,7 @@ pub enum HubError {
 impl HubError {
     /// The condition reason.
     pub fn reason(&self) -> &'static str {
-        match self {
-            HubError::RepoNotFound { .. } => "RepoNotFound",
-            HubError::RevisionNotFound { .. } => "RevisionNotFound",
-            HubError::GatedNoToken { .. } => "GatedRepoNoToken",
-            HubError::GatedNotApproved { .. } => "GatedRepoNotApproved",
-            HubError::FileNotFound { .. } => "FileNotFound",
-            HubError::Disabled { .. } => "RepoDisabled",
-            HubError::BadToken { .. } => "InvalidToken",
-            HubError::Forbidden { .. } => "AccessDenied",
-            HubError::RateLimited { .. } => "RateLimited",
-            HubError::Unavailable { .. } => "RegistryUnavailable",
-            HubError::NoAnswer { .. } => "RegistryNotAnswering",
-            HubError::Malformed { .. } => "InvalidRegistryResponse",
-            HubError::MalformedJson { .. } => "MalformedRegistryJson",
-            HubError::TooLarge { .. } => "RegistryResponseTooLarge",
-            HubError::TooManyRedirects { .. } => "TooManyRedirects",
-            HubError::TooManyFiles { .. } => "TooManyFiles",
-            HubError::TooManyPages { .. } => "TooManyTreePages",
-            HubError::CaBundle { .. } => "InvalidCaBundle",
-            HubError::InvalidInput { .. } => "InvalidSpec",
-        }
+        self.into()
     }
 
     /// Whether retrying later can help without a change of spec. A registry that does not

@@ -60,11 +60,14 @@ impl FileSet {
 }
 
 /// Why no set could be chosen; each names the repository and what would be valid.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr, strum::VariantNames,
+)]
 pub enum SelectError {
     #[error(
         "{repo} has no GGUF file ({files} files in the repository); the nodes run llama.cpp, which loads only GGUF: choose a GGUF conversion of this model"
     )]
+    #[strum(serialize = "NoGGUF")]
     NoGguf { repo: String, files: usize },
     #[error("{repo} has no file matching {quant}; it has: {}", list(available))]
     NoMatchingQuant {
@@ -82,6 +85,7 @@ pub enum SelectError {
         available: Vec<String>,
     },
     #[error("{repo} has {} sets matching {quant}: {}; name one with spec.file", candidates.len(), list(candidates))]
+    #[strum(serialize = "AmbiguousQuant")]
     Ambiguous {
         repo: String,
         quant: String,
@@ -109,6 +113,7 @@ pub enum SelectError {
     #[error(
         "{repo}: {set} is published as {count} raw .partNofM pieces, which llama.cpp cannot load until they are concatenated; choose another quant, or a repository that publishes gguf-split shards"
     )]
+    #[strum(serialize = "UnsupportedParts")]
     PartsOnly {
         repo: String,
         set: String,
@@ -121,6 +126,7 @@ pub enum SelectError {
         what: &'static str,
     },
     #[error("{repo}: {file} is not a GGUF file; the nodes run llama.cpp, which loads only GGUF")]
+    #[strum(serialize = "NotGGUF")]
     NotGguf { repo: String, file: String },
     #[error(
         "{repo}: {file} is stored without LFS, so the registry publishes no sha256 for it and it cannot be verified"
@@ -131,18 +137,7 @@ pub enum SelectError {
 impl SelectError {
     /// The condition reason.
     pub fn reason(&self) -> &'static str {
-        match self {
-            SelectError::NoGguf { .. } => "NoGGUF",
-            SelectError::NoMatchingQuant { .. } => "NoMatchingQuant",
-            SelectError::NoSuchFile { .. } => "NoSuchFile",
-            SelectError::Ambiguous { .. } => "AmbiguousQuant",
-            SelectError::MissingShards { .. } => "MissingShards",
-            SelectError::InconsistentShards { .. } => "InconsistentShards",
-            SelectError::PartsOnly { .. } => "UnsupportedParts",
-            SelectError::NotWeights { .. } => "NotWeights",
-            SelectError::NotGguf { .. } => "NotGGUF",
-            SelectError::NoChecksum { .. } => "NoChecksum",
-        }
+        self.into()
     }
 }
 

@@ -68,34 +68,25 @@ impl Cache {
 
 /// Says once, to any number of waiters, when every store of `cache` has listed. Each store is
 /// awaited by this one task only: a store's readiness is a oneshot that wakes one waiter.
-pub async fn announce_synced(
-    stores: (
-        Store<Deployment>,
-        Store<ReplicaSet>,
-        Store<Pod>,
-        Store<Service>,
-        Store<Secret>,
-        Store<Node>,
-    ),
-    tx: tokio::sync::watch::Sender<bool>,
-) {
-    let (d, r, p, s, k, n) = stores;
+pub async fn announce_synced(cache: Cache, tx: tokio::sync::watch::Sender<bool>) {
     let ready = futures::join!(
-        d.wait_until_ready(),
-        r.wait_until_ready(),
-        p.wait_until_ready(),
-        s.wait_until_ready(),
-        k.wait_until_ready(),
-        n.wait_until_ready(),
+        cache.deployments.wait_until_ready(),
+        cache.replica_sets.wait_until_ready(),
+        cache.pods.wait_until_ready(),
+        cache.services.wait_until_ready(),
+        cache.secrets.wait_until_ready(),
+        cache.nodes.wait_until_ready(),
     );
     // A writer dropped before listing means the watches are gone with the process.
-    if ready.0.is_ok()
-        && ready.1.is_ok()
-        && ready.2.is_ok()
-        && ready.3.is_ok()
-        && ready.4.is_ok()
-        && ready.5.is_ok()
-    {
+    let all = [
+        ready.0.is_ok(),
+        ready.1.is_ok(),
+        ready.2.is_ok(),
+        ready.3.is_ok(),
+        ready.4.is_ok(),
+        ready.5.is_ok(),
+    ];
+    if all.iter().all(|ok| *ok) {
         let _ = tx.send(true);
     }
 }

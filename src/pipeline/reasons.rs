@@ -1,8 +1,6 @@
 //! Every condition reason the operator can write, gathered from the enums that define them, so
 //! the README's table of reasons is checked against the code and not against a copy of it.
 
-use std::time::Duration;
-
 use strum::VariantNames;
 
 use super::catalog::CatalogFailure;
@@ -27,117 +25,12 @@ pub fn all() -> Vec<&'static str> {
     out.extend(PlaceFailure::VARIANTS);
     out.extend(SmokeFailure::VARIANTS);
     out.extend(crate::conditions::READY_REASONS);
-    out.extend(registry());
-    out.extend(selection());
+    out.extend(HubError::VARIANTS);
+    out.extend(SelectError::VARIANTS);
     out.extend(check());
     out.sort_unstable();
     out.dedup();
     out
-}
-
-fn registry() -> Vec<&'static str> {
-    let s = String::new;
-    [
-        HubError::RepoNotFound { repo: s() },
-        HubError::RevisionNotFound {
-            repo: s(),
-            revision: s(),
-        },
-        HubError::GatedNoToken {
-            repo: s(),
-            url: s(),
-        },
-        HubError::GatedNotApproved {
-            repo: s(),
-            url: s(),
-        },
-        HubError::FileNotFound {
-            repo: s(),
-            revision: s(),
-            path: s(),
-        },
-        HubError::Disabled { repo: s() },
-        HubError::BadToken { repo: s() },
-        HubError::Forbidden {
-            repo: s(),
-            status: 0,
-            message: s(),
-        },
-        HubError::RateLimited {
-            retry_after: Duration::ZERO,
-        },
-        HubError::Unavailable {
-            cause: s(),
-            attempts: 0,
-        },
-        HubError::Malformed { what: s() },
-        HubError::TooManyFiles { repo: s(), max: 0 },
-        HubError::InvalidInput {
-            what: "",
-            value: s(),
-            why: "",
-        },
-    ]
-    .iter()
-    .map(HubError::reason)
-    .collect()
-}
-
-fn selection() -> Vec<&'static str> {
-    let s = String::new;
-    [
-        SelectError::NoGguf {
-            repo: s(),
-            files: 0,
-        },
-        SelectError::NoMatchingQuant {
-            repo: s(),
-            quant: s(),
-            available: vec![],
-        },
-        SelectError::NoSuchFile {
-            repo: s(),
-            file: s(),
-            available: vec![],
-        },
-        SelectError::Ambiguous {
-            repo: s(),
-            quant: s(),
-            candidates: vec![],
-        },
-        SelectError::MissingShards {
-            repo: s(),
-            set: s(),
-            missing: vec![],
-            count: 0,
-        },
-        SelectError::InconsistentShards {
-            repo: s(),
-            set: s(),
-            counts: vec![],
-        },
-        SelectError::PartsOnly {
-            repo: s(),
-            set: s(),
-            count: 0,
-        },
-        SelectError::NotWeights {
-            repo: s(),
-            file: s(),
-            what: "",
-        },
-        SelectError::NotGguf {
-            repo: s(),
-            file: s(),
-        },
-        SelectError::NoChecksum {
-            repo: s(),
-            file: s(),
-        },
-    ]
-    .iter()
-    .map(SelectError::reason)
-    .collect()
 }
 
 fn check() -> Vec<&'static str> {

@@ -349,6 +349,43 @@ mod tests {
         );
     }
 
+    /// A loopback server answering every chat completion with `code` and `body`.
+    async fn replica(code: u16, body: &'static str) -> PlacementStatus {
+        use axum::http::StatusCode;
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move { (StatusCode::from_u16(code).unwrap(), body) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        PlacementStatus {
+            pod: "m-1".into(),
+            node: None,
+            address,
+            uid: Some("u".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_running_with_another_key_fails_with_its_401_quoted() {
+        let place = replica(401, r#"{"error":{"code":401,"message":"Invalid API Key"}}"#).await;
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let Answer::Wrong(why) = call(&http, &place, "k", "m", "hi", 4).await else {
+            panic!("a 401 is a wrong answer")
+        };
+        assert!(
+            why.starts_with("HTTP 401 from POST /v1/chat/completions: ")
+                && why.contains("Invalid API Key"),
+            "{why}"
+        );
+        let loading = replica(503, "Loading model").await;
+        assert!(matches!(
+            call(&http, &loading, "k", "m", "hi", 4).await,
+            Answer::NotYet(m) if m.contains("503")
+        ));
+    }
+
     #[test]
     fn excerpts_are_one_short_line() {
         assert_eq!(excerpt("a\nb", 10), "a b");

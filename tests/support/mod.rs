@@ -421,6 +421,16 @@ impl Operator {
         Operator { child, port }
     }
 
+    /// The operator's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether (and how) the operator's process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// GET on the controller's health and metrics port.
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
         let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
@@ -477,4 +487,63 @@ pub async fn mirror_present(mirror: &str, repo: &str, commit: &str, files: &[fak
     })
     .await;
     assert!(done.is_some(), "the mirror did not get the files of {repo}");
+}
+
+/// `modelserve mirror` as its own process on a loopback port, so a test can kill it and start
+/// it again on the same port and store.
+pub struct MirrorProcess {
+    child: Option<std::process::Child>,
+    dir: tempfile::TempDir,
+    registry: String,
+    port: u16,
+    pub url: String,
+}
+
+impl MirrorProcess {
+    pub fn start(registry: &str) -> MirrorProcess {
+        let port = free_port();
+        let mut m = MirrorProcess {
+            child: None,
+            dir: tempfile::tempdir().unwrap(),
+            registry: registry.into(),
+            port,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        m.restart();
+        m
+    }
+
+    /// Kills the mirror (SIGKILL).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the mirror again on the same port and store, and waits until it answers.
+    pub fn restart(&mut self) {
+        self.kill();
+        let child = Command::new(modelserve_bin())
+            .args(["mirror", "--addr", &format!("127.0.0.1:{}", self.port)])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--registry-endpoint", &self.registry])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start the mirror");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the mirror did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for MirrorProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

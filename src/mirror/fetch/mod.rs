@@ -239,7 +239,7 @@ pub async fn fetch(
             match r {
                 Ok(()) => {}
                 Err(Step::NoRanges) => no_ranges = true,
-                Err(Step::Fatal(e)) => return Err(e),
+                Err(Step::Fatal(e)) => return Err(*e),
                 // Workers give up on retries themselves; should one come back, it ends the same way.
                 Err(Step::Retry(cause)) => {
                     return Err(FetchError::Stalled {

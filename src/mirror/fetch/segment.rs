@@ -23,7 +23,14 @@ pub(super) enum Step {
     Retry(String),
     /// The registry answered a Range request with the whole file.
     NoRanges,
-    Fatal(FetchError),
+    Fatal(Box<FetchError>),
+}
+
+impl Step {
+    /// A failure that ends the file's download.
+    fn fatal(e: FetchError) -> Step {
+        Step::Fatal(Box::new(e))
+    }
 }
 
 /// One connection: takes segments in file order until none is left.
@@ -57,7 +64,7 @@ pub(super) async fn worker(
                     let now = job.done(i);
                     stalls = if now > before { 0 } else { stalls + 1 };
                     if stalls >= policy.stalls {
-                        return Err(fail(Step::Fatal(FetchError::Stalled {
+                        return Err(fail(Step::fatal(FetchError::Stalled {
                             path: f.path.clone(),
                             cause,
                             stalls,
@@ -91,7 +98,7 @@ async fn segment(
             if e.is_transient() {
                 Step::Retry(e.to_string())
             } else {
-                Step::Fatal(FetchError::Registry(e, f.path.clone()))
+                Step::fatal(FetchError::Registry(e, f.path.clone()))
             }
         })?;
     let whole = r.start == 0 && r.end == f.size;
@@ -99,13 +106,13 @@ async fn segment(
     let disk = |source: std::io::Error| {
         if source.kind() == std::io::ErrorKind::StorageFull {
             let free = crate::mirror::store::free_space(&job.dir).unwrap_or(0);
-            Step::Fatal(FetchError::NoSpace {
+            Step::fatal(FetchError::NoSpace {
                 path: f.path.clone(),
                 needed: human_bytes(f.size.saturating_sub(job.done_total())),
                 free: human_bytes(free),
             })
         } else {
-            Step::Fatal(FetchError::Disk {
+            Step::fatal(FetchError::Disk {
                 path: f.path.clone(),
                 source,
             })
@@ -122,7 +129,7 @@ async fn segment(
         let n = chunk.len() as u64;
         if at.saturating_add(n) > limit {
             job.record(i);
-            return Err(Step::Fatal(FetchError::TooLong {
+            return Err(Step::fatal(FetchError::TooLong {
                 path: f.path.clone(),
                 from,
                 expected: limit - from,
@@ -162,7 +169,7 @@ pub(super) fn check_answer(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let disagrees = |served| {
-        Step::Fatal(FetchError::SizeDisagrees {
+        Step::fatal(FetchError::SizeDisagrees {
             path: f.path.clone(),
             published: f.size,
             served,
@@ -342,7 +349,7 @@ mod tests {
         assert!(matches!(whole("1000"), Ok(1000)));
         assert!(matches!(
             whole("999"),
-            Err(Step::Fatal(FetchError::SizeDisagrees { served: 999, .. }))
+            Err(Step::Fatal(e)) if matches!(*e, FetchError::SizeDisagrees { served: 999, .. })
         ));
         assert!(
             answer(503, None, None)

@@ -68,3 +68,62 @@ pub fn server_args(
     }
     (args, env)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::objects;
+    use super::super::testing::*;
+
+    #[test]
+    fn flags_an_old_build_does_not_know_are_left_out() {
+        let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
+        let r = resolved(&[("q.gguf", 100)]);
+        let c = checked(1 << 30, 1);
+        let old = args_of(&objects(&ms, &r, &c, &settings(1500), "kd").unwrap().0);
+        for absent in [
+            "--cache-ram",
+            "--metrics",
+            "--no-webui",
+            "--ubatch-size",
+            "--api-key-file",
+            "--jinja",
+        ] {
+            assert!(!old.contains(&absent.to_string()), "{absent} in {old:?}");
+        }
+        assert_eq!(
+            value_after(&old, "--api-key").as_deref(),
+            Some("$(MODELSERVE_ENGINE_KEY)"),
+            "before --api-key-file the key comes from the Secret through the environment"
+        );
+        let mid = args_of(&objects(&ms, &r, &c, &settings(5000), "kd").unwrap().0);
+        assert!(mid.contains(&"--jinja".to_string()));
+        assert!(!mid.contains(&"--cache-ram".to_string()));
+        let new = args_of(&objects(&ms, &r, &c, &settings(10587), "kd").unwrap().0);
+        assert!(!new.contains(&"--jinja".to_string()), "on by default");
+        assert!(!new.contains(&"--api-key".to_string()));
+    }
+
+    #[test]
+    fn aliases_and_extra_args_reach_the_server() {
+        let ms = model(
+            serde_json::json!({"repo": "o/Qwen-GGUF", "aliases": ["gpt-4o"],
+            "engine": {"extraArgs": ["--threads", "4"]}}),
+        );
+        let args = args_of(
+            &objects(
+                &ms,
+                &resolved(&[("q.gguf", 100)]),
+                &checked(1 << 30, 1),
+                &settings(10587),
+                "kd",
+            )
+            .unwrap()
+            .0,
+        );
+        assert_eq!(
+            value_after(&args, "--alias").as_deref(),
+            Some("qwen,gpt-4o")
+        );
+        assert_eq!(&args[args.len() - 2..], ["--threads", "4"]);
+    }
+}

@@ -9,6 +9,8 @@
 pub mod apply;
 pub mod args;
 pub mod objects;
+#[cfg(test)]
+mod testing;
 
 use std::time::Duration;
 

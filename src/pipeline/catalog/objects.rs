@@ -283,68 +283,8 @@ pub fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::*;
     use super::*;
-    use crate::api::{ModelServeSpec, ResolvedFile};
-    use k8s_openapi::api::core::v1::PodSpec;
-
-    fn model(spec: serde_json::Value) -> ModelServe {
-        let spec: ModelServeSpec = serde_json::from_value(spec).unwrap();
-        let mut ms = ModelServe::new("qwen", spec);
-        ms.metadata.namespace = Some("models".into());
-        ms.metadata.uid = Some("0000-uid".into());
-        ms
-    }
-
-    fn resolved(files: &[(&str, i64)]) -> ResolvedStatus {
-        ResolvedStatus {
-            request: "r".into(),
-            commit: "c".repeat(40),
-            set: "qwen-q4_k_m".into(),
-            quant: Some("Q4_K_M".into()),
-            files: files
-                .iter()
-                .enumerate()
-                .map(|(i, (p, s))| ResolvedFile {
-                    path: p.to_string(),
-                    size: *s,
-                    sha256: format!("{i}").repeat(64),
-                })
-                .collect(),
-            total_bytes: files.iter().map(|f| f.1).sum(),
-            served_name: "qwen".into(),
-        }
-    }
-
-    fn checked(memory: i64, parallel: i32) -> CheckStatus {
-        CheckStatus {
-            memory_bytes: Some(memory),
-            parallel: Some(parallel),
-            ..Default::default()
-        }
-    }
-
-    fn settings(build: u32) -> Settings {
-        Settings {
-            engine_image: format!("ghcr.io/ggml-org/llama.cpp:server-b{build}"),
-            build,
-            pull_image: "modelserve:test".into(),
-            mirror_url: "http://mirror:8090".into(),
-        }
-    }
-
-    fn pod(d: &Deployment) -> &PodSpec {
-        d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()
-    }
-
-    fn args_of(d: &Deployment) -> Vec<String> {
-        pod(d).containers[0].args.clone().unwrap()
-    }
-
-    fn value_after(args: &[String], flag: &str) -> Option<String> {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    }
 
     #[test]
     fn a_sharded_model_loads_from_its_first_shard_and_every_shard_is_pulled() {
@@ -449,59 +389,6 @@ mod tests {
         // Not the 5 GiB estimate: a request above its limit is refused by the API server.
         assert_eq!(res.requests.unwrap()["memory"], Quantity("3Gi".into()));
         assert_eq!(res.limits.unwrap()["memory"], Quantity("3Gi".into()));
-    }
-
-    #[test]
-    fn flags_an_old_build_does_not_know_are_left_out() {
-        let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
-        let r = resolved(&[("q.gguf", 100)]);
-        let c = checked(1 << 30, 1);
-        let old = args_of(&objects(&ms, &r, &c, &settings(1500), "kd").unwrap().0);
-        for absent in [
-            "--cache-ram",
-            "--metrics",
-            "--no-webui",
-            "--ubatch-size",
-            "--api-key-file",
-            "--jinja",
-        ] {
-            assert!(!old.contains(&absent.to_string()), "{absent} in {old:?}");
-        }
-        assert_eq!(
-            value_after(&old, "--api-key").as_deref(),
-            Some("$(MODELSERVE_ENGINE_KEY)"),
-            "before --api-key-file the key comes from the Secret through the environment"
-        );
-        let mid = args_of(&objects(&ms, &r, &c, &settings(5000), "kd").unwrap().0);
-        assert!(mid.contains(&"--jinja".to_string()));
-        assert!(!mid.contains(&"--cache-ram".to_string()));
-        let new = args_of(&objects(&ms, &r, &c, &settings(10587), "kd").unwrap().0);
-        assert!(!new.contains(&"--jinja".to_string()), "on by default");
-        assert!(!new.contains(&"--api-key".to_string()));
-    }
-
-    #[test]
-    fn aliases_and_extra_args_reach_the_server() {
-        let ms = model(
-            serde_json::json!({"repo": "o/Qwen-GGUF", "aliases": ["gpt-4o"],
-            "engine": {"extraArgs": ["--threads", "4"]}}),
-        );
-        let args = args_of(
-            &objects(
-                &ms,
-                &resolved(&[("q.gguf", 100)]),
-                &checked(1 << 30, 1),
-                &settings(10587),
-                "kd",
-            )
-            .unwrap()
-            .0,
-        );
-        assert_eq!(
-            value_after(&args, "--alias").as_deref(),
-            Some("qwen,gpt-4o")
-        );
-        assert_eq!(&args[args.len() - 2..], ["--threads", "4"]);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! [`describe`].
 
 pub mod describe;
+pub mod failing;
 pub mod observe;
 #[cfg(test)]
 mod testing;

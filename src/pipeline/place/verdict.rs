@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Container, ContainerStateTerminated, ContainerStatus, Pod, PodCondition,
-};
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::Limits;
+pub use super::failing::describe_exit;
+use super::failing::{crash_loop, image_pull, oom_killed};
 use super::observe::created;
 use crate::api::PlacementStatus;
 use crate::names::{PORT, PORT_NAME};
@@ -180,134 +180,6 @@ fn requested_memory(pod: &Pod) -> Option<String> {
     Some(r.0.clone())
 }
 
-/// Init containers first, as the kubelet runs them, then the others.
-fn statuses(pod: &Pod) -> impl Iterator<Item = (&'static str, &ContainerStatus)> {
-    let s = pod.status.as_ref();
-    let init = s
-        .and_then(|s| s.init_container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| ("init container", c));
-    let main = s
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| ("container", c));
-    init.chain(main)
-}
-
-fn spec_of<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
-    let spec = pod.spec.as_ref()?;
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
-        .find(|c| c.name == name)
-}
-
-fn waiting_reason(s: &ContainerStatus) -> Option<&str> {
-    s.state.as_ref()?.waiting.as_ref()?.reason.as_deref()
-}
-
-/// The termination to report: the current one if the container is down, else the last.
-fn termination(s: &ContainerStatus) -> Option<&ContainerStateTerminated> {
-    s.state
-        .as_ref()
-        .and_then(|st| st.terminated.as_ref())
-        .or_else(|| s.last_state.as_ref()?.terminated.as_ref())
-}
-
-pub(super) fn describe_exit(t: &ContainerStateTerminated) -> String {
-    let mut s = format!("exit code {}", t.exit_code);
-    if let Some(r) = t.reason.as_deref().filter(|r| !r.is_empty()) {
-        s += &format!(" ({r})");
-    }
-    if let Some(m) = t
-        .message
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-    {
-        s += &format!(": {m}");
-    }
-    s
-}
-
-fn oom_killed(pod: &Pod) -> Option<String> {
-    statuses(pod).find_map(|(kind, s)| {
-        let now = s.state.as_ref().and_then(|st| st.terminated.as_ref());
-        let last = s.last_state.as_ref().and_then(|st| st.terminated.as_ref());
-        let t = [now, last]
-            .into_iter()
-            .flatten()
-            .find(|t| t.reason.as_deref() == Some("OOMKilled"))?;
-        let limit = spec_of(pod, &s.name)
-            .and_then(|c| c.resources.as_ref()?.limits.as_ref()?.get("memory"))
-            .map(|q| q.0.clone());
-        let at = match limit {
-            Some(l) => format!("at its memory limit of {l}"),
-            None => "with no memory limit set (the node ran out of memory)".to_string(),
-        };
-        Some(format!(
-            "{kind} {} of {} was OOMKilled (exit code {}) {at}: the model needs more memory than the replica has; raise engine.resources memory or lower contextSize",
-            s.name,
-            pod.name_any(),
-            t.exit_code
-        ))
-    })
-}
-
-fn crash_loop(pod: &Pod, budget: i32) -> Option<String> {
-    statuses(pod).find_map(|(kind, s)| {
-        let backing_off = waiting_reason(s) == Some("CrashLoopBackOff");
-        if !backing_off && s.restart_count <= budget {
-            return None;
-        }
-        let times = if s.restart_count == 1 {
-            "time"
-        } else {
-            "times"
-        };
-        let mut m = format!(
-            "{kind} {} of {} keeps crashing: restarted {} {times}",
-            s.name,
-            pod.name_any(),
-            s.restart_count
-        );
-        if backing_off {
-            m += ", now in CrashLoopBackOff";
-        }
-        if let Some(t) = termination(s) {
-            m += &format!("; last {}", describe_exit(t));
-        }
-        Some(m)
-    })
-}
-
-fn image_pull(pod: &Pod) -> Option<String> {
-    statuses(pod).find_map(|(kind, s)| {
-        let w = s.state.as_ref()?.waiting.as_ref()?;
-        let reason = w.reason.as_deref()?;
-        // ErrImagePull alone is a first failure the kubelet retries; the back-off is not.
-        if !matches!(
-            reason,
-            "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull"
-        ) {
-            return None;
-        }
-        let mut m = format!(
-            "{kind} {} of {} cannot pull its image {}: {reason}",
-            s.name,
-            pod.name_any(),
-            s.image
-        );
-        if let Some(msg) = w.message.as_deref().filter(|m| !m.is_empty()) {
-            m += &format!(": {msg}");
-        }
-        Some(m)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
@@ -400,73 +272,6 @@ mod tests {
     }
 
     #[test]
-    fn crash_loop_back_off_fails_with_the_last_exit() {
-        let v = judge(&[fixture(CRASHLOOP)], 20);
-        let Verdict::CrashLoop(m) = &v else {
-            panic!("{v:?}")
-        };
-        assert!(
-            m.starts_with("container llama-server of m-6f4bd78f57-7j8qg keeps crashing: restarted 8 times, now in CrashLoopBackOff; last exit code 1 (Error): error loading model"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn restarts_past_the_budget_are_a_crash_loop_even_while_running() {
-        let running = json!({"running": {"startedAt": "2026-11-29T20:01:00Z"}});
-        let at_budget = pod("m-a", "rs", Some("n"), main_status(running.clone(), 3));
-        assert!(matches!(judge(&[at_budget], 60), Verdict::Progress(_)));
-        let mut past = main_status(running, 4);
-        past["containerStatuses"][0]["lastState"] =
-            json!({"terminated": {"exitCode": 139, "reason": "Error"}});
-        let v = judge(&[pod("m-a", "rs", Some("n"), past)], 60);
-        let Verdict::CrashLoop(m) = &v else {
-            panic!("{v:?}")
-        };
-        assert_eq!(
-            m,
-            "container llama-server of m-a keeps crashing: restarted 4 times; last exit code 139 (Error)"
-        );
-    }
-
-    #[test]
-    fn oom_killed_in_the_last_state_names_the_container_and_its_limit() {
-        let v = judge(&[fixture(OOMKILLED)], 20);
-        let Verdict::OomKilled(m) = &v else {
-            panic!("{v:?}")
-        };
-        assert!(
-            m.starts_with("container llama-server of m-6f4bd78f57-57ftm was OOMKilled (exit code 137) at its memory limit of 1Gi"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn oom_killed_right_now_is_reported_before_any_restart() {
-        let state = json!({"terminated": {"exitCode": 137, "reason": "OOMKilled"}});
-        let v = judge(&[pod("m-a", "rs", Some("n"), main_status(state, 0))], 10);
-        let Verdict::OomKilled(m) = &v else {
-            panic!("{v:?}")
-        };
-        assert!(
-            m.contains("llama-server of m-a") && m.contains("limit of 8Gi"),
-            "{m}"
-        );
-    }
-
-    #[test]
-    fn a_failing_init_container_is_a_crash_loop_naming_it() {
-        let v = judge(&[fixture(INIT_CRASHLOOP)], 20);
-        let Verdict::CrashLoop(m) = &v else {
-            panic!("{v:?}")
-        };
-        assert!(
-            m.starts_with("init container pull of m-6f4bd78f57-v76ff keeps crashing: restarted 5 times, now in CrashLoopBackOff; last exit code 1 (Error): pull failed"),
-            "{m}"
-        );
-    }
-
-    #[test]
     fn nothing_ready_within_the_timeout_fails_and_says_where_it_stands() {
         let creating = main_status(json!({"waiting": {"reason": "ContainerCreating"}}), 0);
         let p = pod("m-a", "rs", Some("kwok-small"), creating);
@@ -542,17 +347,5 @@ mod tests {
             panic!()
         };
         assert_eq!(placement.pod, "m-aaa", "else the oldest");
-    }
-
-    #[test]
-    fn an_image_that_cannot_be_pulled_fails_with_the_kubelets_words() {
-        let state = json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"srv:1\""}});
-        let v = judge(&[pod("m-a", "rs", Some("n"), main_status(state, 0))], 10);
-        assert_eq!(
-            v,
-            Verdict::ImagePull(
-                "container llama-server of m-a cannot pull its image srv:1: ImagePullBackOff: Back-off pulling image \"srv:1\"".into()
-            )
-        );
     }
 }
