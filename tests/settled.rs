@@ -39,7 +39,13 @@ async fn until_ready(api: &Api<ModelServe>, name: &str, secs: u64) -> ModelServe
         (ready(&s)?.0 == "True").then_some(s)
     })
     .await;
-    got.unwrap_or_else(|| panic!("{name} never became Ready"))
+    match got {
+        Some(s) => s,
+        None => panic!(
+            "{name} never became Ready: {:#?}",
+            api.get(name).await.ok().and_then(|m| m.status)
+        ),
+    }
 }
 
 fn tiny(replicas: i32, smoke: bool) -> serde_json::Value {
@@ -111,6 +117,8 @@ async fn a_serving_model_rides_out_a_mirror_outage_a_token_rotation_and_a_scale_
             support::models::tiny_llama_gguf(),
         )],
     );
+    hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
+    hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
     secrets
@@ -245,6 +253,9 @@ async fn a_serving_model_rides_out_a_mirror_outage_a_token_rotation_and_a_scale_
         .unwrap()
         .items
         .into_iter()
+        // The test bed's endpoint controller warns that kwok's loopback pod IPs cannot be
+        // endpoints; only what is said about the ModelServe counts here.
+        .filter(|e| e.involved_object.kind.as_deref() == Some("ModelServe"))
         .filter(|e| e.type_.as_deref() == Some("Warning"))
         .map(|e| format!("{:?}: {:?}", e.reason, e.message))
         .collect();
@@ -271,6 +282,8 @@ async fn a_deleted_service_or_secret_and_a_hand_edited_deployment_come_back() {
             support::models::tiny_llama_gguf(),
         )],
     );
+    hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
+    hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
     secrets
@@ -322,30 +335,36 @@ async fn a_deleted_service_or_secret_and_a_hand_edited_deployment_come_back() {
     println!("hand edit undone after {:.1} s", undone.as_secs_f64());
 }
 
-/// Requests the operator sent, by verb, from its own counter (watches left out: they are
-/// long-lived streams renewed every few minutes, not requests per reconcile).
-async fn requests(op: &Operator) -> (f64, f64) {
+/// Requests the operator sent, by verb and resource, from its own counter (watches left out:
+/// they are long-lived streams renewed every few minutes, not requests per reconcile).
+async fn counted(op: &Operator) -> BTreeMap<String, f64> {
     let (_, text) = op.get("/metrics").await.expect("metrics");
-    let mut reads = 0.0;
-    let mut writes = 0.0;
-    for line in text
-        .lines()
+    text.lines()
         .filter(|l| l.starts_with("modelserve_kube_requests_total{"))
-    {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let v: f64 = value.parse().unwrap_or(0.0);
-        if labels.contains("verb=\"watch\"") {
+        .filter(|l| !l.contains("verb=\"watch\""))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            Some((labels.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// (reads, writes) in `after` less `before`, and what they were.
+fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, f64, Vec<String>) {
+    let (mut reads, mut writes, mut what) = (0.0, 0.0, Vec::new());
+    for (k, v) in after {
+        let d = v - before.get(k).copied().unwrap_or(0.0);
+        if d == 0.0 {
             continue;
         }
-        if labels.contains("verb=\"get\"") || labels.contains("verb=\"list\"") {
-            reads += v;
+        what.push(format!("{k} +{d}"));
+        if k.contains("verb=\"get\"") || k.contains("verb=\"list\"") {
+            reads += d;
         } else {
-            writes += v;
+            writes += d;
         }
     }
-    (reads, writes)
+    (reads, writes, what)
 }
 
 fn reconciles(text: &str) -> f64 {
@@ -368,6 +387,8 @@ async fn an_idle_model_costs_no_request_and_a_deployment_status_change_at_most_o
             support::models::tiny_llama_gguf(),
         )],
     );
+    hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
+    hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
     secrets
@@ -394,23 +415,26 @@ async fn an_idle_model_costs_no_request_and_a_deployment_status_change_at_most_o
     // Let the rollout's last changes pass.
     tokio::time::sleep(Duration::from_secs(10)).await;
 
-    let before = requests(&op).await;
+    let before = counted(&op).await;
     let r0 = reconciles(&op.get("/metrics").await.unwrap().1);
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let after = requests(&op).await;
+    let after = counted(&op).await;
     let r1 = reconciles(&op.get("/metrics").await.unwrap().1);
+    let (reads, writes, what) = delta(&before, &after);
     println!(
-        "idle 30 s: {} reconciles, {} reads, {} writes",
-        r1 - r0,
-        after.0 - before.0,
-        after.1 - before.1
+        "idle 30 s: {} reconciles, {reads} reads, {writes} writes {what:?}",
+        r1 - r0
     );
     assert!(
         r1 - r0 >= 5.0,
         "the idle model was looked at ({} reconciles)",
         r1 - r0
     );
-    assert_eq!(after, before, "an idle model cost requests");
+    assert_eq!(
+        (reads, writes),
+        (0.0, 0.0),
+        "an idle model cost requests: {what:?}"
+    );
 
     // One replica goes away and comes back: each change of the Deployment's status wakes the
     // operator, which writes status when what it reports changed.
@@ -433,7 +457,7 @@ async fn an_idle_model_costs_no_request_and_a_deployment_status_change_at_most_o
         })
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = requests(&op).await;
+    let before = counted(&op).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let other = pods
         .list(&ListParams::default().labels("modelserve.dev/model=tiny"))
@@ -455,14 +479,11 @@ async fn an_idle_model_costs_no_request_and_a_deployment_status_change_at_most_o
     assert!(back.is_some(), "the replica came back");
     tokio::time::sleep(Duration::from_secs(8)).await;
     counter.abort();
-    let after = requests(&op).await;
+    let after = counted(&op).await;
     let n = *changes.lock().unwrap();
-    let sent = (after.0 - before.0) + (after.1 - before.1);
-    println!(
-        "{n} Deployment status changes cost {sent} requests ({} reads, {} writes)",
-        after.0 - before.0,
-        after.1 - before.1
-    );
+    let (reads, writes, what) = delta(&before, &after);
+    let sent = reads + writes;
+    println!("{n} Deployment status changes cost {sent} requests: {what:?}");
     assert!(n >= 1, "the Deployment's status changed");
     assert!(
         sent <= f64::from(n),

@@ -257,7 +257,9 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: volume.into(),
         mount_path: path.into(),
-        read_only: Some(read_only),
+        // The API server drops a false readOnly (omitempty); leaving it out keeps what is
+        // applied equal to what is read back, so no drift is seen where there is none.
+        read_only: read_only.then_some(true),
         ..Default::default()
     }
 }

@@ -111,9 +111,11 @@ pub fn decide(
         };
     }
     // Until the Deployment controller has seen the latest spec, its newest ReplicaSet may still
-    // be the previous one, whose ready pods would pass for the new spec's.
+    // be the previous one, whose ready pods would pass for the new spec's; unless that one
+    // already runs the new template (a scale), so serving replicas stay placed.
     if let Some(d) = &observed.deployment
         && d.metadata.generation > ds.and_then(|s| s.observed_generation)
+        && !observe::template_current(observed)
     {
         return Decision {
             outcome: waiting(format!(
@@ -128,11 +130,13 @@ pub fn decide(
     let (pods, since) = current_pods(observed);
     let keep = previous.and_then(|p| p.uid.as_deref());
     let (outcome, placement) = match verdict(&pods, since, now, limits, keep) {
-        Verdict::Ready { placement, ready } => {
+        // The count is the Deployment's own, so the message (and status) changes when the
+        // Deployment's status does, not at every event of every pod.
+        Verdict::Ready { placement, .. } => {
             let outcome = Outcome::done(
                 Progress::Placed,
                 format!(
-                    "{} is ready on {} at {} ({ready}/{wanted} replicas ready); clients use {}",
+                    "{} is ready on {} at {} ({ready_replicas}/{wanted} replicas ready); clients use {}",
                     placement.pod,
                     placement.node.as_deref().unwrap_or("an unnamed node"),
                     placement.address,
@@ -257,6 +261,39 @@ mod tests {
             .unwrap();
         status.observed_generation = Some(3);
         let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
+    }
+
+    #[test]
+    fn a_scale_the_deployment_controller_has_not_seen_yet_keeps_the_ready_replica_placed() {
+        let mut ready = fixture(READY);
+        ready.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        let mut d = deployment();
+        d.metadata.generation = Some(3);
+        d.status.as_mut().unwrap().observed_generation = Some(2);
+        let template = serde_json::json!({"metadata": {"labels": {"modelserve.dev/model": "m"}},
+            "spec": {"containers": [{"name": "llama-server", "image": "i"}]}});
+        d.spec.as_mut().unwrap().template = serde_json::from_value(template.clone()).unwrap();
+        let mut rs = replica_set("rs1", "1");
+        let mut rs_template = template;
+        rs_template["metadata"]["labels"]["pod-template-hash"] = "6f4bd78f57".into();
+        rs.spec = Some(
+            serde_json::from_value(serde_json::json!({"selector": {}, "template": rs_template}))
+                .unwrap(),
+        );
+        let observed = Observed {
+            deployment: Some(d),
+            replica_sets: vec![rs],
+            pods: vec![ready],
+        };
+        let d = decide(
+            "m",
+            "ns",
+            &observed,
+            ts("2026-11-29T20:10:00Z"),
+            &LIMITS,
+            None,
+        );
         assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
     }
 

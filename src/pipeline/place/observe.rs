@@ -63,6 +63,31 @@ pub fn current_pods(observed: &Observed) -> (Vec<Pod>, Option<Timestamp>) {
     (pods, since)
 }
 
+/// Whether the newest ReplicaSet of the Deployment already runs the Deployment's pod template
+/// (a scale changes the generation but not the template, and its pods stay the current ones).
+pub fn template_current(observed: &Observed) -> bool {
+    let Some(deployment) = &observed.deployment else {
+        return false;
+    };
+    let Some(want) = deployment.spec.as_ref().map(|s| &s.template) else {
+        return false;
+    };
+    let newest = observed
+        .replica_sets
+        .iter()
+        .filter(|rs| controlled_by(&rs.metadata, deployment.metadata.uid.as_deref()))
+        .max_by_key(|rs| (revision(rs), created(&rs.metadata), rs.name_any()));
+    let Some(mut have) = newest.and_then(|rs| rs.spec.as_ref()?.template.clone()) else {
+        return false;
+    };
+    // The Deployment controller adds the template's hash as a label; nothing else differs.
+    if let Some(labels) = have.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+        labels.remove("pod-template-hash");
+    }
+    let json = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| serde_json::to_value(t).ok();
+    json(&have).is_some() && json(&have) == json(want)
+}
+
 fn controlled_by(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
     owner_uid.is_some_and(|uid| {
         meta.owner_references
