@@ -419,6 +419,10 @@ pub struct SmokeStatus {
     /// That pod's UID: a replaced pod is tested again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// What was asked (a digest of the served name, prompt and maxTokens): a changed smokeTest
+    /// is run again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
 }
 
 impl ModelServeSpec {

@@ -565,7 +565,7 @@ fn set(lines: &[&str]) -> BTreeSet<String> {
 const NAMESPACED_RULES: [&str; 8] = [
     "modelserves.modelserve.dev [] [get list patch update watch]",
     "modelserves.modelserve.dev/status [] [get patch update]",
-    "events.events.k8s.io [] [create patch]",
+    "events.events.k8s.io [] [create]",
     "secrets [] [create get list patch watch]",
     "services [] [create get list patch watch]",
     "deployments.apps [] [create get list patch watch]",

@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, env = "HF_TOKEN", hide_env_values = true)]
     pub token: Option<Secret>,
     /// llama.cpp server image the nodes run; its tag names the build.
-    #[arg(long, default_value = crate::controller::DEFAULT_ENGINE_IMAGE)]
+    #[arg(long, default_value = crate::pipeline::env::DEFAULT_ENGINE_IMAGE)]
     pub engine_image: String,
     /// The nodes' llama.cpp build, when the image tag does not say.
     #[arg(long)]
@@ -47,8 +47,16 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         "contextSize": args.context_size, "contextLength": args.context_length,
     }))
     .map_err(|e| format!("invalid arguments: {e}"))?;
-    let hub = args
-        .registry
+    let mut registry = args.registry.clone();
+    // Like huggingface_hub, plan reads HF_ENDPOINT when nothing of modelserve's names one.
+    if registry.registry_endpoint == crate::hub::DEFAULT_ENDPOINT
+        && std::env::var_os("MODELSERVE_REGISTRY_ENDPOINT").is_none()
+        && let Ok(e) = std::env::var("HF_ENDPOINT")
+        && !e.is_empty()
+    {
+        registry.registry_endpoint = e;
+    }
+    let hub = registry
         .hub(args.token)
         .map_err(|e| format!("{}: {e}", RegistryArgs::flag_of(&e)))?;
     let result = resolve::resolve(&hub, &spec).await;

@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
     /// Stop watching after this long (90s, 30m, 2h; default: until ready or failed).
-    #[arg(long, value_parser = crate::controller::parse_duration)]
+    #[arg(long, value_parser = crate::units::parse_duration)]
     pub timeout: Option<Duration>,
 }
 

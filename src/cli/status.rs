@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, short = 'o', value_enum, default_value = "text")]
     pub output: Output,
     /// With --watch, stop after this long (90s, 30m, 2h).
-    #[arg(long, requires = "watch", value_parser = crate::controller::parse_duration)]
+    #[arg(long, requires = "watch", value_parser = crate::units::parse_duration)]
     pub timeout: Option<Duration>,
 }
 

@@ -1,6 +1,7 @@
 //! The ModelServe controller: the watches that feed its caches and wake it, the reconcile that
 //! runs the pipeline and writes status once, and the settings of `modelserve controller`.
 
+pub mod events;
 pub mod reconcile;
 pub mod watches;
 
@@ -13,7 +14,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::ListParams;
 use kube::runtime::controller;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client};
 use tracing::info;
@@ -21,7 +21,6 @@ use tracing::info;
 use crate::Error;
 use crate::api::ModelServe;
 use crate::conditions::SystemClock;
-use crate::names::FIELD_MANAGER;
 pub use crate::pipeline::env::{DEFAULT_ENGINE_IMAGE, DEFAULT_PULL_IMAGE};
 use crate::pipeline::{Env, env::Settings};
 use crate::telemetry::{self, Health, Metrics, Watchdog};
@@ -52,7 +51,7 @@ pub struct Config {
 /// What every reconcile shares.
 pub struct Context {
     pub env: Env,
-    pub recorder: Recorder,
+    pub events: events::Publisher,
     pub metrics: Arc<Metrics>,
     pub watchdog: Arc<Watchdog>,
     pub resync: Duration,
@@ -130,12 +129,8 @@ pub async fn run(config: Config) -> Result<(), Error> {
         info!("watch caches synced; ready");
     });
 
-    let reporter = Reporter {
-        controller: FIELD_MANAGER.into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
+        events: events::Publisher::new(client.clone(), std::env::var("POD_NAME").ok()),
         env: Env {
             client,
             settings: config.settings.clone(),

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{Instrument, warn};
@@ -146,12 +145,9 @@ pub fn next_status(
     let mut transitions = Vec::new();
     let ready = conditions::ready_summary(&report.conditions, report.on_demand.as_deref());
     for desired in report.conditions.iter().chain(std::iter::once(&ready)) {
-        transitions.extend(conditions::set(
-            &mut status.conditions,
-            desired,
-            generation,
-            clock,
-        ));
+        let t = conditions::set(&mut status.conditions, desired, generation, clock);
+        // A stage that first appears still waiting is no news; its first True or False is.
+        transitions.extend(t.filter(|t| t.from.is_some() || t.to != Status::Unknown));
     }
     status.observed_generation = generation;
     status.stage = Some(
@@ -199,24 +195,8 @@ async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
             stage: t.type_.into(),
         })
         .inc();
-    let type_ = if t.warning {
-        EventType::Warning
-    } else {
-        EventType::Normal
-    };
-    let from = t.from.as_deref().unwrap_or("unset");
-    let event = Event {
-        type_,
-        reason: t.reason.clone(),
-        note: Some(conditions::truncate(
-            &format!("{} {} -> {}: {}", t.type_, from, t.to.as_str(), t.message),
-            1000,
-        )),
-        action: t.type_.into(),
-        secondary: None,
-    };
     // An Event that cannot be written must not fail the reconcile that already wrote status.
-    if let Err(e) = ctx.recorder.publish(&event, &ms.object_ref(&())).await {
+    if let Err(e) = ctx.events.publish(&ms.object_ref(&()), t).await {
         warn!(error = %e, "could not publish Event");
     }
 }
@@ -280,7 +260,11 @@ mod tests {
             conditions::get(&s.conditions, "Ready").unwrap().status,
             "False"
         );
-        assert_eq!(transitions.len(), 7, "every new condition is an Event");
+        assert_eq!(
+            transitions.iter().map(|t| t.type_).collect::<Vec<_>>(),
+            ["Ready"],
+            "a stage that first appears waiting is no Event; Ready's first False is"
+        );
     }
 
     /// The Events a first reconcile publishes after Resolve ended with `outcome`: (type, warning).

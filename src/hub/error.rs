@@ -128,6 +128,16 @@ impl HubError {
         self.into()
     }
 
+    /// The reasons of the failures [`HubError::is_transient`] says are transient.
+    pub const TRANSIENT_REASONS: [&'static str; 6] = [
+        "RateLimited",
+        "RegistryUnavailable",
+        "RegistryNotAnswering",
+        "InvalidRegistryResponse",
+        "MalformedRegistryJson",
+        "TooManyRedirects",
+    ];
+
     /// Whether retrying later can help without a change of spec. A registry that does not
     /// answer, answers garbage or loops on redirects is often a proxy or an outage that heals;
     /// a repository too big to read, or a bad setting, stays so until someone changes it.
@@ -335,6 +345,25 @@ mod tests {
                 "TooManyRedirects"
             ]
         );
+        for r in transient {
+            assert!(HubError::TRANSIENT_REASONS.contains(&r), "{r}");
+        }
+        for r in HubError::TRANSIENT_REASONS {
+            assert!(
+                <HubError as strum::VariantNames>::VARIANTS.contains(&r),
+                "{r}"
+            );
+        }
+        let unavailable = HubError::Unavailable {
+            cause: String::new(),
+            attempts: 1,
+        };
+        let malformed = HubError::Malformed {
+            what: String::new(),
+        };
+        for e in [unavailable, malformed] {
+            assert!(e.is_transient() && HubError::TRANSIENT_REASONS.contains(&e.reason()));
+        }
     }
 
     #[test]

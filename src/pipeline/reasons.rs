@@ -33,6 +33,23 @@ pub fn all() -> Vec<&'static str> {
     out
 }
 
+/// Whether a False condition with `reason` is one the operator retries with its backoff by
+/// itself (a registry or mirror outage, a failed write, a panic or an overlong stage): a
+/// follower such as `modelserve serve` keeps following instead of giving up.
+pub fn retried(reason: &str) -> bool {
+    HubError::TRANSIENT_REASONS.contains(&reason)
+        || RunFailure::VARIANTS.contains(&reason)
+        || [
+            "KubernetesApiError",
+            "MirrorUnavailable",
+            "MirrorRefused",
+            "ApiError",
+            "EngineKeyFailed",
+            "EngineKeyMissing",
+        ]
+        .contains(&reason)
+}
+
 fn check() -> Vec<&'static str> {
     let s = String::new;
     let unsupported = [
@@ -59,6 +76,24 @@ fn check() -> Vec<&'static str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_retried_reason_is_a_reason() {
+        let all = super::all();
+        for r in [
+            "KubernetesApiError",
+            "MirrorUnavailable",
+            "MirrorRefused",
+            "ApiError",
+            "EngineKeyFailed",
+            "EngineKeyMissing",
+            "RateLimited",
+            "InternalError",
+        ] {
+            assert!(super::retried(r) && all.contains(&r), "{r}");
+        }
+        assert!(!super::retried("NoMatchingQuant"));
+    }
+
     #[test]
     fn every_reason_is_one_pascal_case_word() {
         let all = super::all();

@@ -81,9 +81,12 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     let Some(place) = status.placement.clone() else {
         return Outcome::waiting(Progress::WaitingForPlace, "no ready replica yet", RETRY);
     };
+    let served = served_name_of(&ms.spec);
+    let asked = request(&served, &spec.prompt, spec.max_tokens);
     if let Some(done) = &status.smoke
         && done.uid.is_some()
         && done.uid == place.uid
+        && done.request.as_deref() == Some(asked.as_str())
     {
         return Outcome::done(Progress::Answered, summary(done));
     }
@@ -92,7 +95,6 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
         Ok(k) => k,
         Err(message) => return Outcome::failed(&SmokeFailure::EngineKeyMissing(message)),
     };
-    let served = served_name_of(&ms.spec);
     match call(
         &env.http,
         &place,
@@ -105,6 +107,7 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     {
         Answer::Reply(mut smoke) => {
             smoke.at = Some(Time(env.clock.now()));
+            smoke.request = Some(asked);
             let message = summary(&smoke);
             status.smoke = Some(smoke);
             Outcome::done(Progress::Answered, message)
@@ -143,6 +146,11 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
             why,
         }),
     }
+}
+
+/// What a smoke test asks, as recorded in status.smoke.request.
+pub fn request(served: &str, prompt: &str, max_tokens: i32) -> String {
+    crate::units::digest(format!("{served}\n{max_tokens}\n{prompt}").as_bytes())
 }
 
 /// When the placed pod last turned Ready, from the cache.

@@ -40,8 +40,6 @@ pub enum Verdict {
         reason: String,
         message: String,
     },
-    /// The pipeline stops at a stage this operator version has not built.
-    NotBuilt { stage: String, message: String },
 }
 
 /// What one observation changed, in the order to show it.
@@ -134,16 +132,11 @@ pub fn verdict(status: &ModelServeStatus) -> Option<Verdict> {
         });
     }
     for (stage, type_, c) in observe::conditions(status) {
-        if c.status == "False" && type_ != READY {
+        // A failure the operator retries by itself is shown and followed, not the end.
+        if c.status == "False" && type_ != READY && !crate::pipeline::reasons::retried(&c.reason) {
             return Some(Verdict::Failed {
                 stage: stage.to_string(),
                 reason: c.reason.clone(),
-                message: c.message.clone(),
-            });
-        }
-        if c.reason == "NotImplemented" {
-            return Some(Verdict::NotBuilt {
-                stage: stage.to_string(),
                 message: c.message.clone(),
             });
         }
@@ -254,20 +247,17 @@ mod tests {
     }
 
     #[test]
-    fn a_stage_not_built_ends_the_watch_instead_of_waiting_forever() {
+    fn a_failure_the_operator_retries_is_followed_and_one_it_does_not_ends_the_watch() {
         let ms = model(
             1,
-            "Catalog",
-            &[
-                ("True", "a"),
-                ("True", "b"),
-                ("True", "c"),
-                ("Unknown", "NotImplemented"),
-            ],
+            "Mirror",
+            &[("True", "a"), ("True", "b"), ("False", "MirrorUnavailable")],
         );
+        assert_eq!(verdict(ms.status.as_ref().unwrap()), None);
+        let ms = model(1, "Resolve", &[("False", "NoMatchingQuant")]);
         assert!(matches!(
             verdict(ms.status.as_ref().unwrap()),
-            Some(Verdict::NotBuilt { stage, .. }) if stage == "Catalog"
+            Some(Verdict::Failed { reason, .. }) if reason == "NoMatchingQuant"
         ));
     }
 

@@ -188,10 +188,6 @@ pub fn conclude(
             shown(&reason, WORD_CHARS),
             shown(&message, MESSAGE_CHARS)
         ))),
-        Verdict::NotBuilt { stage, message } => Err(Failure::new(format!(
-            "{name} stops at the {stage} stage: {}",
-            shown(&message, MESSAGE_CHARS)
-        ))),
     }
 }
 
