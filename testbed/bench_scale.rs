@@ -20,6 +20,7 @@
 //!
 //!   cargo run --release --example scale-bench -- --models 1000,10000 [--sample 200]
 //!       [--idle-secs 60] [--settle-secs 15] [--concurrency 8] [--timeout-mins 20] [--no-build]
+//!       [--operator-arg=--concurrency=64 ...]
 
 #[path = "../tests/support/models.rs"]
 mod models;
@@ -85,6 +86,9 @@ struct Args {
     /// Use the operator and fake Hub binaries as built, without running cargo build.
     #[arg(long)]
     no_build: bool,
+    /// A flag for the operator (repeatable), e.g. --operator-arg=--concurrency=64.
+    #[arg(long = "operator-arg", allow_hyphen_values = true)]
+    operator_args: Vec<String>,
 }
 
 /// Everything started, so it can be stopped whatever happens.
@@ -295,7 +299,10 @@ async fn measure(args: &Args, bed: &mut Bed, n: u32) -> Result<Row, String> {
         bed.hub_url.clone(),
         "--mirror-url".into(),
         bed.mirror_url.clone(),
-    ];
+    ]
+    .into_iter()
+    .chain(args.operator_args.iter().cloned())
+    .collect::<Vec<_>>();
     let env = [("KUBECONFIG", bed.testbed.kubeconfig.as_path())];
     let mut op = Proc::start("operator", &bed.modelserve, &op_args, &env, &bed.logs)?;
     let ready = procs::wait_for_ok(

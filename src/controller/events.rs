@@ -31,17 +31,18 @@ impl Publisher {
         }
     }
 
-    /// Publishes `t` about `object`.
+    /// Publishes `t` about `object`, as of `at`.
     pub async fn publish(
         &self,
         object: &ObjectReference,
         t: &Transition,
+        at: Timestamp,
     ) -> Result<(), kube::Error> {
         let ns = object.namespace.clone().unwrap_or_else(|| "default".into());
         Api::<Event>::namespaced(self.client.clone(), &ns)
             .create(
                 &PostParams::default(),
-                &event(object, t, &self.instance, Timestamp::now()),
+                &event(object, t, &self.instance, at),
             )
             .await
             .map(|_| ())

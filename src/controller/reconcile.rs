@@ -71,8 +71,17 @@ async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error
                 );
             }
         }
-        publish(ctx, ms, t).await;
     }
+    // The Events of one reconcile are written at once; a microsecond apart, they still sort in
+    // pipeline order.
+    let now = k8s_openapi::jiff::Timestamp::now();
+    futures::future::join_all(transitions.iter().enumerate().map(|(i, t)| {
+        let at = now
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_micros(i as i64))
+            .unwrap_or(now);
+        publish(ctx, ms, t, at)
+    }))
+    .await;
     Ok(Action::requeue(
         retry.unwrap_or_else(|| jittered(ctx.resync, RESYNC_JITTER)),
     ))
@@ -188,7 +197,7 @@ async fn write_status(
     Ok(())
 }
 
-async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
+async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition, at: k8s_openapi::jiff::Timestamp) {
     ctx.metrics
         .transitions
         .get_or_create(&StageLabel {
@@ -196,7 +205,7 @@ async fn publish(ctx: &Context, ms: &ModelServe, t: &Transition) {
         })
         .inc();
     // An Event that cannot be written must not fail the reconcile that already wrote status.
-    if let Err(e) = ctx.events.publish(&ms.object_ref(&()), t).await {
+    if let Err(e) = ctx.events.publish(&ms.object_ref(&()), t, at).await {
         warn!(error = %e, "could not publish Event");
     }
 }

@@ -103,15 +103,18 @@ async fn catalog(
         .map_err(CatalogFailure::CatalogInvalid)?;
     let ns = ms.namespace().unwrap_or_else(|| "default".into());
     let name = ms.name_any();
-    let live: std::sync::Arc<Deployment> = apply::apply_if_drifted(
-        env,
-        ms,
-        "Deployment",
-        env.cache.deployment(&ns, &name),
-        &deployment,
-    )
-    .await?;
-    apply::apply_if_drifted(env, ms, "Service", env.cache.service(&ns, &name), &service).await?;
+    // The two are independent: applied at once, so a reconcile waits for one round trip.
+    let (live, _) = futures::try_join!(
+        apply::apply_if_drifted(
+            env,
+            ms,
+            "Deployment",
+            env.cache.deployment(&ns, &name),
+            &deployment,
+        ),
+        apply::apply_if_drifted(env, ms, "Service", env.cache.service(&ns, &name), &service),
+    )?;
+    let live: std::sync::Arc<Deployment> = live;
 
     status.selector = Some(selector(ms));
     if let Some(st) = &live.status {
