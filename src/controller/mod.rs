@@ -137,6 +137,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
             cache: watches.cache.clone(),
             clock: Arc::new(SystemClock),
             http: Env::http_client().map_err(Error::Config)?,
+            inspections: Default::default(),
         },
         metrics,
         watchdog,

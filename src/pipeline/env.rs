@@ -64,6 +64,42 @@ pub struct Env {
     pub clock: Arc<dyn Clock>,
     /// HTTP to the mirror and the replicas: one client, reused.
     pub http: reqwest::Client,
+    /// Header inspections already made, shared by every ModelServe of the same file set.
+    pub inspections: Memo<crate::api::CheckStatus>,
+}
+
+/// A small bounded memo: at most [`Memo::MOST`] entries, forgotten all at once when full, so
+/// its memory is bounded whatever the number of models.
+pub struct Memo<V> {
+    entries: std::sync::Mutex<std::collections::HashMap<String, V>>,
+}
+
+impl<V: Clone> Default for Memo<V> {
+    fn default() -> Self {
+        Memo {
+            entries: Default::default(),
+        }
+    }
+}
+
+impl<V: Clone> Memo<V> {
+    pub const MOST: usize = 256;
+
+    pub fn get(&self, key: &str) -> Option<V> {
+        self.lock().get(key).cloned()
+    }
+
+    pub fn put(&self, key: String, value: V) {
+        let mut m = self.lock();
+        if m.len() >= Self::MOST {
+            m.clear();
+        }
+        m.insert(key, value);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, V>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Env {
@@ -81,7 +117,19 @@ impl Env {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_build;
+    use super::{Memo, parse_build};
+
+    #[test]
+    fn the_memo_keeps_at_most_its_bound() {
+        let m: Memo<u32> = Memo::default();
+        for i in 0..(Memo::<u32>::MOST as u32 * 3) {
+            m.put(format!("k{i}"), i);
+            assert!(m.lock().len() <= Memo::<u32>::MOST);
+        }
+        m.put("a".into(), 7);
+        assert_eq!(m.get("a"), Some(7));
+        assert_eq!(m.get("b"), None);
+    }
 
     #[test]
     fn builds_parse_with_or_without_the_b() {

@@ -217,10 +217,16 @@ pub async fn run(
             .as_deref()
             .is_some_and(|r| r == inspection || r.starts_with(&format!("{inspection} placement=")))
     });
-    let mut status = match cached {
+    // The same file set under the same flags reads the same header: many ModelServes of one
+    // repository ask the registry once.
+    let shared = format!("{} {inspection}", ms.spec.repo);
+    let mut status = match cached.or_else(|| env.inspections.get(&shared)) {
         Some(c) => c,
         None => match read(env, ms, resolved, &p).await {
-            Ok(s) => s,
+            Ok(s) => {
+                env.inspections.put(shared, s.clone());
+                s
+            }
             Err(f) => {
                 *check = None;
                 return Outcome::failed(&f);
