@@ -82,21 +82,24 @@ async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error
         publish(ctx, ms, t, at)
     }))
     .await;
+    // Only a reconcile that went through without a transient failure ends the backoff; one
+    // whose status write failed keeps climbing it (error_policy).
+    if report.transient.is_none() {
+        ctx.reset(&ObjectRef::from(ms));
+    }
     Ok(Action::requeue(
         retry.unwrap_or_else(|| jittered(ctx.resync, RESYNC_JITTER)),
     ))
 }
 
 /// When to look again. A transient failure takes the next step of the object's backoff, and
-/// its condition says when; anything else resets the backoff and takes what the stage asked
-/// for, jittered. None: nothing to do but the idle resync.
+/// its condition says when; anything else takes what the stage asked for, jittered. None:
+/// nothing to do but the idle resync.
 fn retry_after(ctx: &Context, ms: &ModelServe, report: &mut Report) -> Option<Duration> {
-    let key = ObjectRef::from(ms);
     let Some(at_least) = report.transient else {
-        ctx.reset(&key);
         return report.requeue.map(|d| jittered(d, REQUEUE_JITTER));
     };
-    let n = ctx.bump(key);
+    let n = ctx.bump(ObjectRef::from(ms));
     let wait = Backoff::RECONCILE.delay(n).max(at_least);
     if let Some(stage) = report.stage
         && let Some(c) = report
