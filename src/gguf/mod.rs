@@ -284,4 +284,27 @@ mod tests {
             "{e}"
         );
     }
+
+    #[tokio::test]
+    async fn a_hostile_header_is_refused_on_the_blocking_pool_naming_field_and_limit() {
+        let bytes = write::header(
+            &[
+                ("general.architecture", Value::String("llama".into())),
+                ("llama.block_count", Value::U32(0xFFFF_FFF0)),
+            ],
+            &[("t", &[32], 0)],
+        );
+        let mut src = Mem {
+            bytes,
+            reads: vec![],
+        };
+        let start = std::time::Instant::now();
+        let e = read_header(&mut src, "evil.gguf").await.unwrap_err();
+        assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+        assert_eq!(e.reason(), "InvalidHeader");
+        assert_eq!(
+            e.to_string(),
+            "evil.gguf: llama.block_count is 4294967280, above the limit of 4096 layers"
+        );
+    }
 }
