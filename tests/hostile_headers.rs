@@ -126,8 +126,14 @@ fn every_hostile_header_exits_non_zero_in_seconds_with_one_line_naming_the_field
     for (name, bytes, field) in &cases {
         let stderr = refused(dir.path(), name, bytes);
         assert!(stderr.contains(field), "{name}: {stderr}");
-        assert!(stderr.contains("above the limit") || stderr.contains("per layer"), "{name}: {stderr}");
-        assert!(stderr.trim_end().ends_with("(InvalidHeader)"), "{name}: {stderr}");
+        assert!(
+            stderr.contains("above the limit") || stderr.contains("per layer"),
+            "{name}: {stderr}"
+        );
+        assert!(
+            stderr.trim_end().ends_with("(InvalidHeader)"),
+            "{name}: {stderr}"
+        );
     }
 }
 

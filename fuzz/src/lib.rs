@@ -26,15 +26,18 @@ fn settings(data: &[u8]) -> (Flags, bool) {
     for (t, b) in tail.iter_mut().rev().zip(data.iter().rev()) {
         *t = *b;
     }
-    let [c0, c1, c2, c3, c4, c5, c6, c7, p0, p1, u0, u1, b0, b1, split, shift] = tail;
-    let ctx = u64::from_le_bytes([c0, c1, c2, c3, c4, c5, c6, c7]) >> (shift % 64);
-    let flags = Flags {
-        ctx_size: ctx,
-        parallel: u16::from_le_bytes([p0, p1]).into(),
-        ubatch: u16::from_le_bytes([u0, u1]).into(),
-        build: u16::from_le_bytes([b0, b1]).into(),
+    // The little-endian number in `len` bytes of the tail from `at`.
+    let le = |at: usize, len: usize| {
+        let bytes = tail.iter().skip(at).take(len).rev();
+        bytes.fold(0u64, |n, b| (n << 8) | u64::from(*b))
     };
-    (flags, split & 1 == 1)
+    let flags = Flags {
+        ctx_size: le(0, 8) >> (le(15, 1) % 64),
+        parallel: le(8, 2),
+        ubatch: le(10, 2),
+        build: u32::try_from(le(12, 2)).unwrap_or(u32::MAX),
+    };
+    (flags, le(14, 1) & 1 == 1)
 }
 
 /// Runs one input through parse, validate, the support check and both estimates.
@@ -57,7 +60,11 @@ pub fn check(data: &[u8]) {
     };
     let (flags, split) = settings(data);
     if let Ok(first) = support::first_build(&header, split, flags.build) {
-        assert!(first <= flags.build, "b{first} loads it, above b{}", flags.build);
+        assert!(
+            first <= flags.build,
+            "b{first} loads it, above b{}",
+            flags.build
+        );
     }
     let e = memory::estimate(&header, &flags);
     assert!(e.total <= MAX_ESTIMATE, "{e:?}");
@@ -74,7 +81,9 @@ pub fn check(data: &[u8]) {
     }
     match inspect::inspect(&[("fuzz.gguf", data)], flags.build, &flags) {
         Ok((_, verdict)) => assert_eq!(verdict.estimate, e),
-        Err(err @ InspectError::Read(_)) => panic!("parsed once, refused on the second read: {err}"),
+        Err(err @ InspectError::Read(_)) => {
+            panic!("parsed once, refused on the second read: {err}")
+        }
         Err(err) => assert!(REASONS.contains(&err.reason()), "{err}"),
     }
 }

@@ -133,11 +133,9 @@ pub const HEAD_COUNT_KV: Param = per_layer("attention.head_count_kv", MAX_HEADS,
 pub const KEY_LENGTH: Param = scalar("attention.key_length", MAX_HEAD_DIM, "elements");
 pub const VALUE_LENGTH: Param = scalar("attention.value_length", MAX_HEAD_DIM, "elements");
 pub const KEY_LENGTH_SWA: Param = scalar("attention.key_length_swa", MAX_HEAD_DIM, "elements");
-pub const VALUE_LENGTH_SWA: Param =
-    scalar("attention.value_length_swa", MAX_HEAD_DIM, "elements");
+pub const VALUE_LENGTH_SWA: Param = scalar("attention.value_length_swa", MAX_HEAD_DIM, "elements");
 pub const KEY_LENGTH_MLA: Param = scalar("attention.key_length_mla", MAX_HEAD_DIM, "elements");
-pub const VALUE_LENGTH_MLA: Param =
-    scalar("attention.value_length_mla", MAX_HEAD_DIM, "elements");
+pub const VALUE_LENGTH_MLA: Param = scalar("attention.value_length_mla", MAX_HEAD_DIM, "elements");
 pub const Q_LORA_RANK: Param = scalar("attention.q_lora_rank", MAX_RANK, "elements");
 pub const KV_LORA_RANK: Param = scalar("attention.kv_lora_rank", MAX_RANK, "elements");
 pub const SLIDING_WINDOW: Param = scalar("attention.sliding_window", MAX_CONTEXT_LENGTH, "tokens");
@@ -165,8 +163,11 @@ pub const TIME_MIX_EXTRA_DIM: Param = scalar("time_mix_extra_dim", MAX_RANK, "el
 pub const TIME_DECAY_EXTRA_DIM: Param = scalar("time_decay_extra_dim", MAX_RANK, "elements");
 pub const DECAY_LORA_RANK: Param = scalar("attention.decay_lora_rank", MAX_RANK, "elements");
 pub const ICLR_LORA_RANK: Param = scalar("attention.iclr_lora_rank", MAX_RANK, "elements");
-pub const VALUE_MIX_LORA_RANK: Param =
-    scalar("attention.value_residual_mix_lora_rank", MAX_RANK, "elements");
+pub const VALUE_MIX_LORA_RANK: Param = scalar(
+    "attention.value_residual_mix_lora_rank",
+    MAX_RANK,
+    "elements",
+);
 pub const GATE_LORA_RANK: Param = scalar("attention.gate_lora_rank", MAX_RANK, "elements");
 
 /// Every hyper-parameter that is checked; the estimate reads no other.
@@ -226,7 +227,11 @@ pub enum BoundsError {
     #[error(
         "{field} has {len} entries, but the model has {layers} layers; a per-layer array needs one entry per layer"
     )]
-    PerLayerLength { field: String, len: u64, layers: u64 },
+    PerLayerLength {
+        field: String,
+        len: u64,
+        layers: u64,
+    },
     #[error("{flag} is {value}, above the limit of {limit}")]
     Setting {
         flag: &'static str,
@@ -313,7 +318,11 @@ mod tests {
         };
         assert_eq!(*value, u128::from(u32::MAX).pow(4));
         assert_eq!(*limit, MAX_TENSOR_ELEMENTS);
-        assert!(e.to_string().starts_with("the element count of tensor \"t\""), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("the element count of tensor \"t\""),
+            "{e}"
+        );
         assert_eq!(tensor_elements("t", &[4096, 262_144]), Ok(1 << 30));
         assert_eq!(tensor_elements("t", &[]), Ok(1));
         assert_eq!(tensor_elements("t", &[7, 0]), Ok(0));
@@ -326,6 +335,11 @@ mod tests {
         let n = keys.len();
         keys.dedup();
         assert_eq!(keys.len(), n, "a key is listed twice");
+        assert_eq!(
+            PARAMS.first(),
+            Some(&BLOCK_COUNT),
+            "validate checks the layer count before the per-layer arrays"
+        );
         for p in PARAMS {
             assert!(p.limit >= 256, "{} is bounded at {}", p.key, p.limit);
         }

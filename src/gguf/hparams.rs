@@ -59,7 +59,9 @@ fn param(h: &Header, arch: &str, p: &Param, layers: Option<u64>) -> Result<(), B
                         layers: n,
                     });
                 }
-                _ => bounds::at_most(*len, MAX_LAYERS, "layers", || format!("the length of {key}"))?,
+                _ => bounds::at_most(*len, MAX_LAYERS, "layers", || {
+                    format!("the length of {key}")
+                })?,
             };
             for (i, item) in items.iter().flatten().enumerate() {
                 if let Some(v) = item.as_u64() {
@@ -69,8 +71,10 @@ fn param(h: &Header, arch: &str, p: &Param, layers: Option<u64>) -> Result<(), B
             Ok(())
         }
         (Some(Value::Array { len, .. }), Kind::LayerFlags) => {
-            bounds::at_most(*len, MAX_LAYERS, "layers", || format!("the length of {key}"))
-                .map(|_| ())
+            bounds::at_most(*len, MAX_LAYERS, "layers", || {
+                format!("the length of {key}")
+            })
+            .map(|_| ())
         }
         (Some(v), _) => match v.as_u64() {
             Some(n) => bounds::at_most(n, p.limit, p.unit, || key.clone()).map(|_| ()),
@@ -100,9 +104,7 @@ impl<'a> Hp<'a> {
 
     /// A number (not an array).
     pub fn u(&self, p: &Param) -> Option<u64> {
-        self.get(p)
-            .and_then(Value::as_u64)
-            .map(|v| v.min(p.limit))
+        self.get(p).and_then(Value::as_u64).map(|v| v.min(p.limit))
     }
 
     /// A number or per-layer array entry, for layer `il`.

@@ -52,7 +52,11 @@ impl Flags {
         for (flag, value, limit) in [
             ("the context size (--ctx-size)", self.ctx_size, MAX_CTX_SIZE),
             ("the slot count (--parallel)", self.parallel, MAX_SLOTS),
-            ("the micro-batch size (--ubatch-size)", self.ubatch, MAX_UBATCH),
+            (
+                "the micro-batch size (--ubatch-size)",
+                self.ubatch,
+                MAX_UBATCH,
+            ),
         ] {
             if value > limit {
                 return Err(BoundsError::Setting { flag, value, limit });
@@ -382,7 +386,10 @@ fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
             hp.u(&TOKEN_SHIFT).map_or(2, u128::from) * n_embd + n_embd * u(&WKV_HEAD_SIZE)
         }
         "lfm2" | "lfm2moe" => {
-            n_embd * hp.u(&SHORTCONV_CACHE).map_or(1, u128::from).saturating_sub(1)
+            n_embd
+                * hp.u(&SHORTCONV_CACHE)
+                    .map_or(1, u128::from)
+                    .saturating_sub(1)
         }
         "kimi-linear" | "kimi-k3" | "bailingmoe3" => {
             let (d_conv, n_head, dim) = (u(&SSM_CONV_KERNEL), u(&HEAD_COUNT), u(&KDA_HEAD_DIM));
@@ -421,4 +428,3 @@ fn fallback(weights: u128, arch: &str) -> (Estimate, u128) {
     };
     (e, total)
 }
-

@@ -141,7 +141,10 @@ impl<'a> Cursor<'a> {
         // walked.
         let min = scalar_size(elem).unwrap_or(if elem == 8 { 8 } else { 12 });
         at_most(len, MAX_HEADER / min, "elements", || {
-            format!("{} (of {min}-byte elements in a header of at most {MAX_HEADER} bytes)", field())
+            format!(
+                "{} (of {min}-byte elements in a header of at most {MAX_HEADER} bytes)",
+                field()
+            )
         })?;
         let items = match (elem, scalar_size(elem)) {
             (8, _) => {

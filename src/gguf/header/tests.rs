@@ -97,7 +97,11 @@ fn one_key(rest: &[u8]) -> Vec<u8> {
 fn refused(bytes: &[u8]) -> BoundsError {
     let start = std::time::Instant::now();
     let e = parse(bytes, false).unwrap_err();
-    assert!(start.elapsed().as_secs_f64() < 1.0, "{e} took {:?}", start.elapsed());
+    assert!(
+        start.elapsed().as_secs_f64() < 1.0,
+        "{e} took {:?}",
+        start.elapsed()
+    );
     assert_eq!(e.reason(), "InvalidHeader", "{e}");
     match e {
         GgufError::Bounds(b) => b,
@@ -263,14 +267,25 @@ fn only_the_first_kept_values_are_kept_and_the_rest_keep_their_length() {
     let mut kv: Vec<(&str, Value)> = vec![("long", u32s(&long))];
     kv.extend(keys.iter().map(|k| (k.as_str(), u32s(&short))));
     let h = parse(&header(&kv, &[]), true).unwrap();
-    assert_eq!(h.get("long").and_then(Value::items), None, "longer than KEPT_ARRAY");
+    assert_eq!(
+        h.get("long").and_then(Value::items),
+        None,
+        "longer than KEPT_ARRAY"
+    );
     assert_eq!(h.get("long").and_then(Value::array_len), Some(5000));
     let kept = keys
         .iter()
         .filter(|k| h.get(k).and_then(Value::items).is_some())
         .count() as u64;
-    assert_eq!(kept, KEPT_VALUES / 4000, "the header's budget of kept values");
-    assert!(keys.iter().all(|k| h.get(k).and_then(Value::array_len) == Some(4000)));
+    assert_eq!(
+        kept,
+        KEPT_VALUES / 4000,
+        "the header's budget of kept values"
+    );
+    assert!(
+        keys.iter()
+            .all(|k| h.get(k).and_then(Value::array_len) == Some(4000))
+    );
 }
 
 #[test]
@@ -320,7 +335,11 @@ fn duplicate_keys_too_many_dims_and_bad_alignment_are_refused() {
     let dims = header(&[], &[("t", &[1, 1, 1, 1, 1], 0)]);
     assert!(matches!(
         parse(&dims, true).unwrap_err(),
-        GgufError::Bounds(BoundsError::AboveLimit { value: 5, limit: 4, .. })
+        GgufError::Bounds(BoundsError::AboveLimit {
+            value: 5,
+            limit: 4,
+            ..
+        })
     ));
     let align = header(&[("general.alignment", Value::U32(48))], &[]);
     let e = parse(&align, true).unwrap_err();

@@ -66,7 +66,10 @@ fn above(field: &str, value: u128, limit: u64, unit: &'static str) -> BoundsErro
 
 #[test]
 fn a_block_count_of_0xfffffff0_is_refused_at_4096_layers() {
-    let e = refused(&llama(&[("block_count", Value::U32(0xFFFF_FFF0))]), &flags(4096));
+    let e = refused(
+        &llama(&[("block_count", Value::U32(0xFFFF_FFF0))]),
+        &flags(4096),
+    );
     assert_eq!(
         e.to_string(),
         "llama.block_count is 4294967280, above the limit of 4096 layers"
@@ -90,7 +93,12 @@ fn heads_of_2_pow_32_minus_1_are_refused() {
     );
     assert_eq!(
         e,
-        above("llama.attention.head_count_kv[1]", u32::MAX.into(), 4096, "heads")
+        above(
+            "llama.attention.head_count_kv[1]",
+            u32::MAX.into(),
+            4096,
+            "heads"
+        )
     );
 }
 
@@ -122,11 +130,11 @@ fn a_vocabulary_of_2_pow_40_tokens_is_refused() {
 
 #[test]
 fn an_expert_count_of_2_pow_31_is_refused() {
-    let e = refused(&llama(&[("expert_count", Value::U32(1 << 31))]), &flags(4096));
-    assert_eq!(
-        e,
-        above("llama.expert_count", 1 << 31, 4096, "experts")
+    let e = refused(
+        &llama(&[("expert_count", Value::U32(1 << 31))]),
+        &flags(4096),
     );
+    assert_eq!(e, above("llama.expert_count", 1 << 31, 4096, "experts"));
 }
 
 #[test]
@@ -141,7 +149,11 @@ fn every_hyper_parameter_beyond_its_bound_is_refused_naming_it() {
             p.key
         );
         // At the limit it is not refused for being large.
-        let at = inspect(&[("m.gguf", &llama(&[(p.key, Value::U64(p.limit))]))], BUILD, &flags(4096));
+        let at = inspect(
+            &[("m.gguf", &llama(&[(p.key, Value::U64(p.limit))]))],
+            BUILD,
+            &flags(4096),
+        );
         if let Err(InspectError::Bounds(BoundsError::AboveLimit { field, .. })) = &at {
             assert_ne!(field, &format!("llama.{}", p.key), "at its limit");
         }
@@ -159,7 +171,12 @@ fn per_layer_flags_longer_than_the_layer_bound_are_refused() {
         let e = refused(&llama(&[(p.key, long)]), &flags(4096));
         assert_eq!(
             e,
-            above(&format!("the length of llama.{}", p.key), (MAX_LAYERS + 1).into(), MAX_LAYERS, "layers")
+            above(
+                &format!("the length of llama.{}", p.key),
+                (MAX_LAYERS + 1).into(),
+                MAX_LAYERS,
+                "layers"
+            )
         );
     }
 }
@@ -183,7 +200,13 @@ fn counts_each_within_bounds_whose_estimate_passes_a_petabyte_are_refused() {
         ("attention.key_length", Value::U32(1 << 14)),
     ]);
     let e = refused(&bytes, &flags(1 << 26));
-    let BoundsError::AboveLimit { field, value, limit, .. } = &e else {
+    let BoundsError::AboveLimit {
+        field,
+        value,
+        limit,
+        ..
+    } = &e
+    else {
         panic!("{e:?}");
     };
     assert_eq!(field, "the estimated memory of a replica");
@@ -230,9 +253,16 @@ fn the_largest_real_shapes_still_pass() {
     );
     let start = Instant::now();
     let (h, v) = inspect(&[("big.gguf", &bytes)], BUILD, &flags(131_072)).unwrap();
-    assert!(start.elapsed().as_secs_f64() < 1.0, "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed().as_secs_f64() < 1.0,
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(h.tensors.len(), 3);
-    assert_eq!(v.first_build, support::first_build(&h, false, BUILD).unwrap());
+    assert_eq!(
+        v.first_build,
+        support::first_build(&h, false, BUILD).unwrap()
+    );
     assert!(!v.estimate.fallback);
     // 120 attention layers of 8 KV heads x 576 K elements, f16, no V (MLA from b7832: not
     // here, there is no key_length_mla), 131072 cells.

@@ -174,7 +174,10 @@ fn an_unchecked_absurd_header_and_settings_are_clamped_never_overflowed() {
     // Built by hand, past the parser and its checks: every count as large as a u64 goes.
     let arch = "granitehybrid";
     let mut metadata = std::collections::BTreeMap::new();
-    metadata.insert("general.architecture".to_string(), Value::String(arch.into()));
+    metadata.insert(
+        "general.architecture".to_string(),
+        Value::String(arch.into()),
+    );
     for key in super::super::bounds::PARAMS {
         metadata.insert(format!("{arch}.{}", key.key), Value::U64(u64::MAX));
     }
@@ -201,7 +204,11 @@ fn an_unchecked_absurd_header_and_settings_are_clamped_never_overflowed() {
     };
     let start = std::time::Instant::now();
     let e = estimate(&h, &f);
-    assert!(start.elapsed().as_secs_f64() < 1.0, "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed().as_secs_f64() < 1.0,
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(e.total, MAX_ESTIMATE);
     assert!(e.kv <= MAX_ESTIMATE && e.weights <= MAX_ESTIMATE);
     assert!(estimate_checked(&h, &f).is_err());
