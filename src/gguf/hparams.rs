@@ -83,23 +83,32 @@ fn param(h: &Header, arch: &str, p: &Param, layers: Option<u64>) -> Result<(), B
     }
 }
 
-/// The hyper-parameters of the header's architecture, each at most its bound.
+/// The hyper-parameters of the header's architecture, each at most its bound. It reads only
+/// those listed in `PARAMS`, so each one it reads is one `validate` checks.
 pub struct Hp<'a> {
     h: &'a Header,
     pub arch: &'a str,
+    /// The listed hyper-parameters the header holds, looked up once: the estimate asks for
+    /// them for every layer.
+    present: Vec<(&'static str, &'a Value)>,
 }
 
 impl<'a> Hp<'a> {
     pub fn new(h: &'a Header) -> Self {
-        Hp {
-            h,
-            arch: h.architecture().unwrap_or_default(),
-        }
+        let arch = h.architecture().unwrap_or_default();
+        let present = PARAMS
+            .iter()
+            .filter_map(|p| Some((p.key, h.get(&format!("{arch}.{}", p.key))?)))
+            .collect();
+        Hp { h, arch, present }
     }
 
     /// The value as written.
     pub fn get(&self, p: &Param) -> Option<&'a Value> {
-        self.h.get(&format!("{}.{}", self.arch, p.key))
+        self.present
+            .iter()
+            .find(|(key, _)| *key == p.key)
+            .map(|(_, v)| *v)
     }
 
     /// A number (not an array).
@@ -135,4 +144,38 @@ impl<'a> Hp<'a> {
 
 fn nth(items: &[Value], il: u64) -> Option<&Value> {
     usize::try_from(il).ok().and_then(|i| items.get(i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bounds::{EMBEDDING, HEAD_COUNT_KV};
+    use super::super::header::{parse, write};
+    use super::*;
+
+    #[test]
+    fn listed_hyper_parameters_read_clamped_and_unlisted_ones_not_at_all() {
+        let h = parse(
+            &write::header(
+                &[
+                    ("general.architecture", Value::String("llama".into())),
+                    ("llama.embedding_length", Value::U64(u64::MAX)),
+                    ("llama.attention.head_count_kv", write::u32s(&[8, 0])),
+                    ("llama.rope.dimension_count", Value::U32(128)),
+                ],
+                &[],
+            ),
+            true,
+        )
+        .unwrap();
+        let hp = Hp::new(&h);
+        assert_eq!(hp.u(&EMBEDDING), Some(EMBEDDING.limit));
+        assert_eq!(hp.per_layer(&HEAD_COUNT_KV, 0), Some(8));
+        assert_eq!(hp.per_layer(&HEAD_COUNT_KV, 1), Some(0));
+        assert_eq!(hp.per_layer(&HEAD_COUNT_KV, 2), None);
+        let unlisted = Param {
+            key: "rope.dimension_count",
+            ..EMBEDDING
+        };
+        assert_eq!(hp.u(&unlisted), None, "read only what validate checks");
+    }
 }
