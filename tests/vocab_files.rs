@@ -1,5 +1,5 @@
-//! Every vocab-only GGUF shipped with the llama.cpp sources parses, and reads the same as
-//! gguf-py (the reference reader from the same sources) reads it.
+//! Every vocab-only GGUF shipped with the llama.cpp sources parses, reads the same as gguf-py
+//! (the reference reader from the same sources) reads it, and is within every bound.
 
 mod support;
 
@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 
 use modelserve::gguf::header::{Value, parse};
+use modelserve::gguf::hparams;
 use support::testbed_script;
 
 const GGUF_PY: &str = r#"
@@ -68,5 +69,8 @@ fn every_vocab_gguf_reads_as_gguf_py_reads_it() {
             h.data_offset <= bytes.len() as u64,
             "{name}: the header ends past the file"
         );
+        if let Err(e) = hparams::validate(&h) {
+            panic!("{name}: a real header is out of bounds: {e}");
+        }
     }
 }

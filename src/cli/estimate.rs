@@ -3,7 +3,8 @@
 
 use std::io::Write;
 
-use crate::gguf::{FileSource, memory, read_header, support};
+use crate::gguf::inspect::{self, Verdict};
+use crate::gguf::{self, FileSource, ReadError, memory, read_header};
 use crate::pipeline::check;
 use crate::units::gi_quantity;
 
@@ -24,32 +25,31 @@ pub struct Args {
     pub engine_build: u32,
 }
 
-/// Prints the estimate as JSON.
+/// Prints the estimate as JSON; an error is one line naming the file, what is wrong and the
+/// condition reason the Check stage would give.
 pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
-    let mut header = None;
+    let mut model = None;
     for path in &args.files {
+        let file = path.display().to_string();
         let mut src = FileSource { path: path.clone() };
-        let read = read_header(&mut src, &path.display().to_string())
-            .await
-            .map_err(|e| e.to_string())?;
-        match header.as_mut() {
-            None => header = Some(read.header),
-            Some(h) => h.tensors.extend(read.header.tensors),
-        }
+        let read = read_header(&mut src, &file).await.map_err(refusal)?;
+        gguf::merge(&mut model, read.header, &file).map_err(refusal)?;
     }
-    let header = header.ok_or("no file given")?;
+    let header = model.ok_or("no file given")?;
     let flags = memory::Flags {
         ctx_size: args.context_size,
         parallel: (args.context_size / args.context_length.max(1)).max(1),
         ubatch: check::UBATCH,
         build: args.engine_build,
     };
-    let first = support::first_build(&header, args.files.len() > 1, args.engine_build)
+    let Verdict {
+        first_build,
+        estimate: e,
+    } = inspect::judge(&header, args.files.len() > 1, args.engine_build, &flags)
         .map_err(|e| format!("{e} ({})", e.reason()))?;
-    let e = memory::estimate(&header, &flags);
     let json = serde_json::json!({
         "architecture": header.architecture(),
-        "firstBuild": format!("b{first}"),
+        "firstBuild": format!("b{first_build}"),
         "parallel": flags.parallel,
         "weights": e.weights, "kv": e.kv, "recurrent": e.recurrent, "compute": e.compute,
         "overhead": e.overhead, "total": e.total, "memory": gi_quantity(e.total),
@@ -57,4 +57,8 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
     });
     out.write_all(format!("{json:#}\n").as_bytes())
         .map_err(|e| e.to_string())
+}
+
+fn refusal(e: ReadError) -> String {
+    format!("{e} ({})", e.reason())
 }

@@ -2,16 +2,32 @@
 //! infos, KV cache per layer (GQA widths, per-layer head counts, sliding-window layers, MLA),
 //! recurrent state of recurrent and hybrid models, compute and output buffers, engine overhead.
 //! Formulas follow llama.cpp b6975+ (context padded to 256 cells, one stream per slot).
+//!
+//! Every hyper-parameter is read through its bound (`hparams::Hp`) and the arithmetic is in
+//! `u128`, where the bounded factors cannot overflow; so the estimate never panics, overflows or
+//! loops more than `MAX_LAYERS` times, whatever the header says.
 
-use super::header::{Header, Value};
+#[cfg(test)]
+mod tests;
+
+use super::bounds::{
+    BLOCK_COUNT, BoundsError, EMBEDDING, EXPERT_COUNT, EXPERT_FEED_FORWARD, EXPERT_SHARED,
+    EXPERT_USED, FEED_FORWARD, FULL_ATTENTION_INTERVAL, HEAD_COUNT, HEAD_COUNT_KV, KDA_HEAD_DIM,
+    KEY_LENGTH, KEY_LENGTH_MLA, KEY_LENGTH_SWA, LEADING_DENSE, MAX_CTX_SIZE, MAX_ESTIMATE,
+    MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SHORTCONV_CACHE, SLIDING_WINDOW,
+    SLIDING_WINDOW_PATTERN, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER, SSM_STATE,
+    TOKEN_SHIFT, VALUE_LENGTH, VALUE_LENGTH_SWA, WKV_HEAD_SIZE,
+};
+use super::header::Header;
+use super::hparams::{self, Hp};
 use super::support::ggml_type;
 use crate::units::human_bytes;
 
-const KV_ELEMENT_BYTES: u64 = 2; // f16, llama-server's default cache type
-const STATE_ELEMENT_BYTES: u64 = 4; // recurrent state is always f32
-const PAD: u64 = 256;
+const KV_ELEMENT_BYTES: u128 = 2; // f16, llama-server's default cache type
+const STATE_ELEMENT_BYTES: u128 = 4; // recurrent state is always f32
+const PAD: u128 = 256;
 /// Resident memory of the llama-server process before the model: binary, libraries, threads.
-const ENGINE_OVERHEAD: u64 = 32 << 20;
+const ENGINE_OVERHEAD: u128 = 32 << 20;
 /// llama-server reserves logits for its slots only from this build on (before: for a whole ubatch).
 const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
 /// MLA caches keep no V from this build on.
@@ -28,6 +44,26 @@ pub struct Flags {
     pub ubatch: u64,
     /// The llama.cpp build the nodes run.
     pub build: u32,
+}
+
+impl Flags {
+    /// The settings within their bounds (`MAX_CTX_SIZE`, `MAX_SLOTS`, `MAX_UBATCH`).
+    pub fn check(&self) -> Result<(), BoundsError> {
+        for (flag, value, limit) in [
+            ("the context size (--ctx-size)", self.ctx_size, MAX_CTX_SIZE),
+            ("the slot count (--parallel)", self.parallel, MAX_SLOTS),
+            (
+                "the micro-batch size (--ubatch-size)",
+                self.ubatch,
+                MAX_UBATCH,
+            ),
+        ] {
+            if value > limit {
+                return Err(BoundsError::Setting { flag, value, limit });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The estimate and what it counted.
@@ -47,31 +83,13 @@ pub struct Estimate {
     pub basis: String,
 }
 
-struct Hp<'a> {
-    h: &'a Header,
-    arch: &'a str,
-}
-
-impl Hp<'_> {
-    fn key(&self, k: &str) -> Option<&Value> {
-        self.h.get(&format!("{}.{k}", self.arch))
-    }
-    fn u(&self, k: &str) -> Option<u64> {
-        self.key(k).and_then(Value::as_u64)
-    }
-    /// A scalar or per-layer array value for layer `il`.
-    fn per_layer(&self, k: &str, il: u64) -> Option<u64> {
-        match self.key(k)? {
-            Value::Array {
-                items: Some(items), ..
-            } => items.get(il as usize).and_then(Value::as_u64),
-            v => v.as_u64(),
-        }
-    }
-}
-
-fn pad(n: u64) -> u64 {
+fn pad(n: u128) -> u128 {
     n.div_ceil(PAD) * PAD
+}
+
+/// A byte count of the estimate: at most `MAX_ESTIMATE`, which `estimate_checked` refuses.
+fn bytes(n: u128) -> u64 {
+    u64::try_from(n.min(MAX_ESTIMATE.into())).unwrap_or(MAX_ESTIMATE)
 }
 
 /// Archs whose every layer is recurrent.
@@ -123,104 +141,117 @@ fn swa_defaults(arch: &str) -> Option<(u64, u64)> {
     })
 }
 
-/// Estimates the memory of one replica.
+/// Estimates the memory of one replica, for any header and settings: values beyond their
+/// bounds are clamped to them and the figures to `MAX_ESTIMATE`. For a header and settings that
+/// `estimate_checked` accepts, nothing is clamped.
 pub fn estimate(h: &Header, f: &Flags) -> Estimate {
-    let weights: u64 = h
-        .tensors
-        .iter()
-        .map(|t| ggml_type(t.ggml_type).map_or(0, |ty| ty.bytes(t.elements())))
-        .sum();
-    let unknown_types = h.tensors.iter().any(|t| ggml_type(t.ggml_type).is_none());
-    let arch = h.architecture().unwrap_or_default();
-    let hp = Hp { h, arch };
-    let parallel = f.parallel.max(1);
-    let n_ctx = pad(f.ctx_size.max(1));
+    compute(h, f).0
+}
+
+/// The estimate, or the bound that the header or the settings exceed: the header's counts
+/// (`hparams::validate`), the settings (`Flags::check`) and the total (`MAX_ESTIMATE`).
+pub fn estimate_checked(h: &Header, f: &Flags) -> Result<Estimate, BoundsError> {
+    hparams::validate(h)?;
+    f.check()?;
+    let (e, total) = compute(h, f);
+    if total > u128::from(MAX_ESTIMATE) {
+        return Err(BoundsError::AboveLimit {
+            field: "the estimated memory of a replica".into(),
+            value: total,
+            limit: MAX_ESTIMATE,
+            unit: "bytes",
+        });
+    }
+    Ok(e)
+}
+
+/// The estimate and its total before clamping.
+fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
+    let (weights, unknown_types) = weights(h);
+    let hp = Hp::new(h);
+    let arch = hp.arch;
+    let parallel = u128::from(f.parallel.clamp(1, MAX_SLOTS));
+    let ubatch = u128::from(f.ubatch.min(MAX_UBATCH));
+    let n_ctx = pad(f.ctx_size.clamp(1, MAX_CTX_SIZE).into());
     let n_ctx_seq = pad(n_ctx / parallel);
-    let vocab = hp
-        .u("vocab_size")
-        .or_else(|| h.get("tokenizer.ggml.tokens").and_then(Value::array_len))
-        .unwrap_or(0);
+    let vocab = u128::from(hp.vocab());
     let n_out = if f.build >= OUTPUTS_PER_SLOT_FROM {
         parallel
     } else {
-        f.ubatch
+        ubatch
     };
 
-    let (Some(n_layer), Some(n_embd)) = (hp.u("block_count"), hp.u("embedding_length")) else {
+    let (Some(n_layer), Some(n_embd)) = (hp.u(&BLOCK_COUNT), hp.u(&EMBEDDING)) else {
         return fallback(weights, arch);
     };
-    let n_head0 = hp.per_layer("attention.head_count", 0).unwrap_or(0);
-    let head_k = hp
-        .u("attention.key_length")
-        .or_else(|| n_embd.checked_div(n_head0))
-        .unwrap_or(0);
-    let head_v = hp.u("attention.value_length").unwrap_or(head_k);
-    let head_k_swa = hp.u("attention.key_length_swa").unwrap_or(head_k);
-    let head_v_swa = hp.u("attention.value_length_swa").unwrap_or(head_v);
-    let mla = hp.key("attention.key_length_mla").is_some();
+    let n_embd_w = u128::from(n_embd);
+    let n_head0 = hp.per_layer(&HEAD_COUNT, 0).unwrap_or(0);
+    let head_k = u128::from(
+        hp.u(&KEY_LENGTH)
+            .or_else(|| n_embd.checked_div(n_head0))
+            .unwrap_or(0),
+    );
+    let head_v = hp.u(&VALUE_LENGTH).map_or(head_k, u128::from);
+    let head_k_swa = hp.u(&KEY_LENGTH_SWA).map_or(head_k, u128::from);
+    let head_v_swa = hp.u(&VALUE_LENGTH_SWA).map_or(head_v, u128::from);
+    let mla = hp.get(&KEY_LENGTH_MLA).is_some();
     let (default_swa, default_period) = swa_defaults(arch).unwrap_or((0, 0));
-    let n_swa = hp.u("attention.sliding_window").unwrap_or(default_swa);
-    let pattern = hp.key("attention.sliding_window_pattern");
-    let interval = hp.u("full_attention_interval").unwrap_or(4).max(1);
-    let recurrent_layers = hp.key("attention.recurrent_layers").and_then(Value::items);
+    let n_swa = hp.u(&SLIDING_WINDOW).unwrap_or(default_swa);
+    let pattern = hp.get(&SLIDING_WINDOW_PATTERN);
+    let interval = hp.u(&FULL_ATTENTION_INTERVAL).unwrap_or(4).max(1);
 
     let is_swa = |il: u64| -> bool {
         if n_swa == 0 {
             return false;
         }
-        match pattern {
-            Some(Value::Array {
-                items: Some(items), ..
-            }) => items.get(il as usize).and_then(Value::as_u64) == Some(1),
-            Some(v) => v
-                .as_u64()
+        match (pattern, hp.flag(&SLIDING_WINDOW_PATTERN, il)) {
+            (_, Some(flag)) => flag,
+            (Some(_), None) => hp
+                .u(&SLIDING_WINDOW_PATTERN)
                 .filter(|p| *p > 0)
                 .is_some_and(|p| il % p < p - 1),
-            None if arch == "lfm2" || arch == "lfm2moe" => true,
-            None => default_period > 0 && il % default_period < default_period - 1,
+            (None, None) if arch == "lfm2" || arch == "lfm2moe" => true,
+            (None, None) => default_period > 0 && il % default_period < default_period - 1,
         }
     };
     let is_recurrent = |il: u64| -> bool {
         if RECURRENT.contains(&arch) || arch == "falcon-h1" {
             return true;
         }
-        if let Some(flags) = recurrent_layers {
-            return flags.get(il as usize).and_then(Value::as_u64) == Some(1);
+        if let Some(flag) = hp.flag(&RECURRENT_LAYERS, il) {
+            return flag;
         }
-        let kv0 = hp.per_layer("attention.head_count_kv", il) == Some(0);
+        let kv0 = hp.per_layer(&HEAD_COUNT_KV, il) == Some(0);
         match arch {
             a if HYBRID_BY_KV0.contains(&a) => kv0,
-            "nemotron_h" | "nemotron_h_moe" => {
-                kv0 && hp.per_layer("feed_forward_length", il) == Some(0)
-            }
+            "nemotron_h" | "nemotron_h_moe" => kv0 && hp.per_layer(&FEED_FORWARD, il) == Some(0),
             a if HYBRID_BY_INTERVAL.contains(&a) => !(il + 1).is_multiple_of(interval),
             _ => false,
         }
+    };
+    let heads_kv = |il: u64| -> u64 {
+        hp.per_layer(&HEAD_COUNT_KV, il)
+            .or(hp.per_layer(&HEAD_COUNT, il))
+            .unwrap_or(0)
     };
     let has_kv = |il: u64| -> bool {
         if NO_KV.contains(&arch) || RECURRENT.contains(&arch) {
             return false;
         }
-        let hybrid_attention = arch == "falcon-h1" || !is_recurrent(il);
-        hybrid_attention
-            && hp
-                .per_layer("attention.head_count_kv", il)
-                .or(hp.per_layer("attention.head_count", il))
-                .unwrap_or(0)
-                > 0
+        (arch == "falcon-h1" || !is_recurrent(il)) && heads_kv(il) > 0
     };
 
-    let swa_cells = pad(n_ctx_seq.min(n_swa + f.ubatch)) * parallel;
+    // Bounded factors: layers <= 2^12, heads <= 2^12, head widths <= 2^17, cells <= 2^27,
+    // slots <= 2^16, vocabulary <= 2^22, widths <= 2^20, experts <= 2^12, ubatch <= 2^20: the
+    // largest sums below (KV, recurrent state) stay under 2^72, far inside u128.
+    let swa_cells = pad(n_ctx_seq.min(u128::from(n_swa) + ubatch)) * parallel;
     let full_cells = n_ctx_seq * parallel;
-    let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u64, 0u64, 0u64, 0u64);
+    let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u128, 0u128, 0u64, 0u64);
     for il in 0..n_layer {
         if !has_kv(il) {
             continue;
         }
-        let heads_kv = hp
-            .per_layer("attention.head_count_kv", il)
-            .or(hp.per_layer("attention.head_count", il))
-            .unwrap_or(0);
+        let heads = u128::from(heads_kv(il));
         let swa = is_swa(il);
         let (hk, hv) = if swa {
             (head_k_swa, head_v_swa)
@@ -230,9 +261,9 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
         let v_width = if mla && f.build >= MLA_NO_V_FROM {
             0
         } else {
-            hv * heads_kv
+            hv * heads
         };
-        let row = (hk * heads_kv + v_width) * KV_ELEMENT_BYTES;
+        let row = (hk * heads + v_width) * KV_ELEMENT_BYTES;
         if swa {
             kv += row * swa_cells;
             swa_layers += 1;
@@ -243,37 +274,28 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
         }
     }
 
-    let mut state_per_seq = 0u64;
-    let mut recurrent_count = 0u64;
-    for il in 0..n_layer {
-        if !is_recurrent(il) {
-            continue;
-        }
-        recurrent_count += 1;
-        state_per_seq += recurrent_state(&hp, n_embd) * STATE_ELEMENT_BYTES;
-    }
+    let recurrent_count = (0..n_layer).filter(|il| is_recurrent(*il)).count() as u128;
+    let state_per_seq = recurrent_count * recurrent_state(&hp, n_embd_w) * STATE_ELEMENT_BYTES;
     let recurrent = state_per_seq * parallel;
 
     let n_ff = (0..n_layer)
-        .filter_map(|il| hp.per_layer("feed_forward_length", il))
+        .filter_map(|il| hp.per_layer(&FEED_FORWARD, il))
         .max()
-        .unwrap_or(4 * n_embd);
-    let n_ff_moe =
-        hp.u("expert_feed_forward_length").unwrap_or(0) * hp.u("expert_used_count").unwrap_or(0);
+        .map_or(4 * n_embd_w, u128::from);
+    let u = |p| hp.u(p).map_or(0, u128::from);
+    let n_ff_moe = u(&EXPERT_FEED_FORWARD) * u(&EXPERT_USED);
     let logits = vocab * n_out * 4;
     // The graph allocator's peak for one ubatch: the FFN phase keeps the residual, the normed
     // input and gate/up/product rows alive (fitted on llama-server's own compute-buffer figures);
     // recurrent layers keep their projected inputs and scan output instead.
     // MoE layers keep the chosen experts' rows plus the router's logits and probabilities; an
     // all-MoE model (no leading dense layers) has no dense FFN phase at all.
-    let experts = hp.u("expert_count").unwrap_or(0);
-    let dense_phase = 4 * n_embd + 3 * n_ff;
+    let experts = u(&EXPERT_COUNT);
+    let dense_phase = 4 * n_embd_w + 3 * n_ff;
     let ffn_phase = if experts > 0 {
-        let shared = hp.u("expert_shared_count").unwrap_or(0)
-            * hp.u("expert_feed_forward_length").unwrap_or(0);
-        let moe_phase = 4 * n_embd + 3 * (n_ff_moe + shared) + 2 * experts;
-        let dense_layers = hp.u("leading_dense_block_count").unwrap_or(0);
-        if dense_layers > 0 {
+        let shared = u(&EXPERT_SHARED) * u(&EXPERT_FEED_FORWARD);
+        let moe_phase = 4 * n_embd_w + 3 * (n_ff_moe + shared) + 2 * experts;
+        if u(&LEADING_DENSE) > 0 {
             moe_phase.max(dense_phase)
         } else {
             moe_phase
@@ -281,18 +303,14 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
     } else {
         dense_phase
     };
-    let d_inner = hp.u("ssm.inner_size").unwrap_or(0);
     let ssm_phase = if recurrent_count > 0 {
-        4 * n_embd
-            + 5 * d_inner
-            + 2 * hp.u("ssm.group_count").unwrap_or(0) * hp.u("ssm.state_size").unwrap_or(0)
-            + hp.u("ssm.time_step_rank").unwrap_or(0)
+        4 * n_embd_w + 5 * u(&SSM_INNER) + 2 * u(&SSM_GROUPS) * u(&SSM_STATE) + u(&SSM_DT_RANK)
     } else {
         0
     };
-    let activations = f.ubatch * 4 * ffn_phase.max(ssm_phase);
+    let activations = ubatch * 4 * ffn_phase.max(ssm_phase);
     // The attention masks are f16, one row per cell of one stream, per cache (full and window).
-    let masks = f.ubatch
+    let masks = ubatch
         * 2
         * (if full_layers > 0 { n_ctx_seq } else { 0 }
             + if swa_layers > 0 {
@@ -306,8 +324,8 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
 
     let mut basis = format!(
         "weights {} + KV {} for {} tokens in {} slot(s)",
-        human_bytes(weights),
-        human_bytes(kv),
+        human_bytes(bytes(weights)),
+        human_bytes(bytes(kv)),
         n_ctx,
         parallel
     );
@@ -322,247 +340,91 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
     if recurrent_count > 0 {
         basis += &format!(
             " + recurrent state {} ({recurrent_count} layers)",
-            human_bytes(recurrent)
+            human_bytes(bytes(recurrent))
         );
     }
     basis += &format!(
         " + compute {} + engine {}",
-        human_bytes(compute),
-        human_bytes(overhead)
+        human_bytes(bytes(compute)),
+        human_bytes(bytes(overhead))
     );
     if unknown_types {
         basis += "; tensors of unknown types counted as 0 bytes";
     }
-    Estimate {
-        weights,
-        kv,
-        recurrent,
-        compute,
-        overhead,
-        total,
-        kv_bytes_per_token: per_token,
+    let e = Estimate {
+        weights: bytes(weights),
+        kv: bytes(kv),
+        recurrent: bytes(recurrent),
+        compute: bytes(compute),
+        overhead: bytes(overhead),
+        total: bytes(total),
+        kv_bytes_per_token: bytes(per_token),
         fallback: false,
         basis,
+    };
+    (e, total)
+}
+
+/// Bytes of the tensors, each clamped to `MAX_TENSOR_ELEMENTS`, and whether a type is unknown.
+fn weights(h: &Header) -> (u128, bool) {
+    let mut sum = 0u128;
+    let mut unknown = false;
+    for t in &h.tensors {
+        match ggml_type(t.ggml_type) {
+            Some(ty) => sum += u128::from(ty.bytes(t.elements().min(MAX_TENSOR_ELEMENTS))),
+            None => unknown = true,
+        }
     }
+    (sum, unknown)
 }
 
 /// f32 elements of one recurrent layer's state for one sequence (R + S).
-fn recurrent_state(hp: &Hp<'_>, n_embd: u64) -> u64 {
+fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
+    let u = |p| hp.u(p).map_or(0, u128::from);
     match hp.arch {
         "rwkv6" | "rwkv6qwen2" | "rwkv7" | "arwkv7" => {
-            hp.u("token_shift_count").unwrap_or(2) * n_embd
-                + n_embd * hp.u("wkv.head_size").unwrap_or(0)
+            hp.u(&TOKEN_SHIFT).map_or(2, u128::from) * n_embd + n_embd * u(&WKV_HEAD_SIZE)
         }
-        "lfm2" | "lfm2moe" => n_embd * hp.u("shortconv.l_cache").unwrap_or(1).saturating_sub(1),
+        "lfm2" | "lfm2moe" => {
+            n_embd
+                * hp.u(&SHORTCONV_CACHE)
+                    .map_or(1, u128::from)
+                    .saturating_sub(1)
+        }
         "kimi-linear" | "kimi-k3" | "bailingmoe3" => {
-            let (d_conv, n_head, dim) = (
-                hp.u("ssm.conv_kernel").unwrap_or(0),
-                hp.u("attention.head_count").unwrap_or(0),
-                hp.u("kda.head_dim").unwrap_or(0),
-            );
+            let (d_conv, n_head, dim) = (u(&SSM_CONV_KERNEL), u(&HEAD_COUNT), u(&KDA_HEAD_DIM));
             3 * d_conv.saturating_sub(1) * n_head * dim + dim * dim * n_head
         }
         _ => {
             let (d_conv, d_inner, d_state, n_group) = (
-                hp.u("ssm.conv_kernel").unwrap_or(0),
-                hp.u("ssm.inner_size").unwrap_or(0),
-                hp.u("ssm.state_size").unwrap_or(0),
-                hp.u("ssm.group_count").unwrap_or(0),
+                u(&SSM_CONV_KERNEL),
+                u(&SSM_INNER),
+                u(&SSM_STATE),
+                u(&SSM_GROUPS),
             );
             d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner
         }
     }
 }
 
-fn fallback(weights: u64, arch: &str) -> Estimate {
+fn fallback(weights: u128, arch: &str) -> (Estimate, u128) {
     let compute = 512 << 20;
     let margin = weights / 10;
     let total = (weights + margin + compute + ENGINE_OVERHEAD).div_ceil(1 << 20) << 20;
-    Estimate {
-        weights,
+    let e = Estimate {
+        weights: bytes(weights),
         kv: 0,
         recurrent: 0,
-        compute: compute + margin,
-        overhead: ENGINE_OVERHEAD,
-        total,
+        compute: bytes(compute + margin),
+        overhead: bytes(ENGINE_OVERHEAD),
+        total: bytes(total),
         kv_bytes_per_token: 0,
         fallback: true,
         basis: format!(
             "FALLBACK: the header lacks {arch}.block_count or {arch}.embedding_length, so the KV cache cannot be computed; estimate = weights {} + 10% + 512 MiB + engine {}",
-            human_bytes(weights),
-            human_bytes(ENGINE_OVERHEAD)
+            human_bytes(bytes(weights)),
+            human_bytes(bytes(ENGINE_OVERHEAD))
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::header::{parse, write};
-    use super::*;
-
-    fn flags(ctx: u64, parallel: u64) -> Flags {
-        Flags {
-            ctx_size: ctx,
-            parallel,
-            ubatch: 512,
-            build: 10000,
-        }
-    }
-
-    fn header(arch: &str, kv: &[(&str, Value)]) -> Header {
-        let mut all = vec![("general.architecture", Value::String(arch.into()))];
-        let keys: Vec<(String, Value)> = kv
-            .iter()
-            .map(|(k, v)| (format!("{arch}.{k}"), v.clone()))
-            .collect();
-        all.extend(keys.iter().map(|(k, v)| (k.as_str(), v.clone())));
-        parse(
-            &write::header(&all, &[("token_embd.weight", &[4096, 1000], 1)]),
-            true,
-        )
-        .unwrap()
-    }
-
-    #[test]
-    fn llama_31_8b_kv_is_128_kib_per_token() {
-        let h = header(
-            "llama",
-            &[
-                ("block_count", Value::U32(32)),
-                ("embedding_length", Value::U32(4096)),
-                ("attention.head_count", Value::U32(32)),
-                ("attention.head_count_kv", Value::U32(8)),
-            ],
-        );
-        let e = estimate(&h, &flags(8192, 1));
-        assert_eq!(e.kv_bytes_per_token, 128 << 10);
-        assert_eq!(e.kv, 1 << 30, "8192 tokens -> 1024 MiB");
-        assert_eq!(e.weights, 4096 * 1000 * 2);
-        assert!(!e.fallback);
-        assert!(
-            e.basis
-                .starts_with("weights 7.8 MiB + KV 1.0 GiB for 8192 tokens in 1 slot(s)"),
-            "{}",
-            e.basis
-        );
-    }
-
-    #[test]
-    fn gemma3_27b_sliding_window_layers_keep_only_the_window() {
-        let h = header(
-            "gemma3",
-            &[
-                ("block_count", Value::U32(62)),
-                ("embedding_length", Value::U32(5376)),
-                ("attention.head_count", Value::U32(32)),
-                ("attention.head_count_kv", Value::U32(16)),
-                ("attention.key_length", Value::U32(128)),
-                ("attention.value_length", Value::U32(128)),
-                ("attention.sliding_window", Value::U32(1024)),
-            ],
-        );
-        let e = estimate(&h, &flags(32768, 1));
-        // 10 global layers x 32768 cells + 52 SWA layers x 1536 cells, 8 KiB per layer per token.
-        assert_eq!(e.kv, (10 * 32768 + 52 * 1536) * 8192);
-        assert_eq!(e.kv >> 20, 3184);
-    }
-
-    #[test]
-    fn deepseek_mla_caches_576_k_elements_and_no_v() {
-        let h = header(
-            "deepseek2",
-            &[
-                ("block_count", Value::U32(61)),
-                ("embedding_length", Value::U32(7168)),
-                ("attention.head_count", Value::U32(128)),
-                ("attention.head_count_kv", Value::U32(1)),
-                ("attention.key_length", Value::U32(576)),
-                ("attention.value_length", Value::U32(512)),
-                ("attention.key_length_mla", Value::U32(192)),
-                ("attention.value_length_mla", Value::U32(128)),
-            ],
-        );
-        assert_eq!(
-            estimate(&h, &flags(32768, 1)).kv_bytes_per_token,
-            61 * 576 * 2
-        );
-        let old = Flags {
-            build: 7000,
-            ..flags(32768, 1)
-        };
-        assert_eq!(estimate(&h, &old).kv_bytes_per_token, 61 * (576 + 512) * 2);
-    }
-
-    #[test]
-    fn mamba_state_is_per_slot_and_has_no_kv() {
-        let h = header(
-            "mamba",
-            &[
-                ("block_count", Value::U32(64)),
-                ("embedding_length", Value::U32(2560)),
-                ("ssm.conv_kernel", Value::U32(4)),
-                ("ssm.inner_size", Value::U32(5120)),
-                ("ssm.state_size", Value::U32(16)),
-            ],
-        );
-        let one = estimate(&h, &flags(4096, 1));
-        assert_eq!(one.kv, 0);
-        // (3 x 5120 + 16 x 5120) x 4 B x 64 layers = 23.75 MiB per sequence.
-        assert_eq!(one.recurrent, 24_903_680);
-        assert_eq!(estimate(&h, &flags(4096, 4)).recurrent, 4 * 24_903_680);
-    }
-
-    #[test]
-    fn a_hybrid_counts_kv_on_attention_layers_and_state_on_the_others() {
-        let h = header(
-            "granitehybrid",
-            &[
-                ("block_count", Value::U32(4)),
-                ("embedding_length", Value::U32(1024)),
-                ("attention.head_count", Value::U32(8)),
-                ("attention.head_count_kv", write::u32s(&[0, 0, 0, 2])),
-                ("ssm.conv_kernel", Value::U32(4)),
-                ("ssm.inner_size", Value::U32(2048)),
-                ("ssm.state_size", Value::U32(128)),
-                ("ssm.group_count", Value::U32(1)),
-            ],
-        );
-        let e = estimate(&h, &flags(4096, 2));
-        assert_eq!(
-            e.kv_bytes_per_token,
-            2 * 128 * 2 * 2,
-            "one attention layer, 2 KV heads of 128, K+V, f16"
-        );
-        assert_eq!(e.kv, e.kv_bytes_per_token * 4096);
-        assert_eq!(e.recurrent, 3 * (3 * (2048 + 2 * 128) + 128 * 2048) * 4 * 2);
-        assert!(
-            e.basis.contains("recurrent state") && e.basis.contains("(3 layers)"),
-            "{}",
-            e.basis
-        );
-    }
-
-    #[test]
-    fn a_header_without_shapes_gets_a_labelled_fallback() {
-        let h = header("llama", &[]);
-        let e = estimate(&h, &flags(4096, 1));
-        assert!(e.fallback);
-        assert!(e.basis.starts_with("FALLBACK"), "{}", e.basis);
-        assert!(e.total > e.weights);
-    }
-
-    #[test]
-    fn context_is_padded_and_split_across_slots() {
-        let h = header(
-            "llama",
-            &[
-                ("block_count", Value::U32(1)),
-                ("embedding_length", Value::U32(128)),
-                ("attention.head_count", Value::U32(1)),
-            ],
-        );
-        // 1000 tokens -> 1024 cells; 3 slots -> PAD(1024/3=341) = 512 cells each.
-        assert_eq!(estimate(&h, &flags(1000, 1)).kv, 1024 * 128 * 2 * 2);
-        assert_eq!(estimate(&h, &flags(1000, 3)).kv, 3 * 512 * 128 * 2 * 2);
-    }
+    };
+    (e, total)
 }

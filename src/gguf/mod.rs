@@ -1,11 +1,16 @@
 //! GGUF: reading the header of a model over HTTP ranges or from a file, which llama.cpp build
-//! loads it, and how much memory a replica needs.
+//! loads it, and how much memory a replica needs. Every count a header gives is checked
+//! against its bound (`bounds`) before it is used: headers come from arbitrary repositories.
 
+pub mod bounds;
 pub mod header;
+pub mod hparams;
+pub mod inspect;
 pub mod memory;
 pub mod support;
 
-use header::{GgufError, Header, MAX_HEADER};
+use bounds::{MAX_HEADER, MAX_TENSORS};
+use header::{GgufError, Header};
 
 use crate::hub::{Hub, HubError};
 
@@ -48,6 +53,18 @@ pub enum ReadError {
     Source(#[from] SourceError),
 }
 
+impl ReadError {
+    /// The condition reason: the registry's, `InvalidHeader` for a count beyond its bound,
+    /// `InvalidGGUF` for anything else wrong with the file.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ReadError::Invalid { source, .. } => source.reason(),
+            ReadError::Source(SourceError::Hub(h)) => h.reason(),
+            ReadError::Source(SourceError::Io { .. }) => "InvalidGGUF",
+        }
+    }
+}
+
 /// A header and how many bytes were fetched to read it.
 #[derive(Clone, Debug)]
 pub struct Read {
@@ -55,19 +72,34 @@ pub struct Read {
     pub fetched: u64,
 }
 
-/// Reads the header from `src`, growing the read until the header parses; never the tensor data.
+/// Reads the header from `src`, growing the read until the header parses; never the tensor
+/// data. The header is parsed and its counts checked (`hparams::validate`) on tokio's blocking
+/// pool, so a large header never holds up a runtime worker.
 pub async fn read_header(src: &mut impl ByteSource, file: &str) -> Result<Read, ReadError> {
+    let invalid = |source| ReadError::Invalid {
+        file: file.into(),
+        source,
+    };
     let mut buf: Vec<u8> = Vec::new();
     let mut want = FIRST_READ;
     let mut eof = false;
     loop {
         if !eof && (buf.len() as u64) < want {
             let asked = want - buf.len() as u64;
-            let more = src.read_at(buf.len() as u64, asked).await?;
+            let mut more = src.read_at(buf.len() as u64, asked).await?;
             eof = (more.len() as u64) < asked;
+            more.truncate(usize::try_from(asked).unwrap_or(usize::MAX));
             buf.extend_from_slice(&more);
         }
-        match header::parse(&buf, eof) {
+        let (parsed, back) = tokio::task::spawn_blocking(move || {
+            let parsed = header::parse(&buf, eof)
+                .and_then(|h| hparams::validate(&h).map(|()| h).map_err(GgufError::from));
+            (parsed, buf)
+        })
+        .await
+        .map_err(|e| invalid(GgufError::ParserFailed(e.to_string())))?;
+        buf = back;
+        match parsed {
             Ok(header) => {
                 return Ok(Read {
                     header,
@@ -78,15 +110,29 @@ pub async fn read_header(src: &mut impl ByteSource, file: &str) -> Result<Read, 
                 Some(needed) if !eof && (buf.len() as u64) < MAX_HEADER => {
                     want = needed.max(2 * buf.len() as u64).min(MAX_HEADER);
                 }
-                _ => {
-                    return Err(ReadError::Invalid {
-                        file: file.into(),
-                        source: e,
-                    });
-                }
+                _ => return Err(invalid(e)),
             },
         }
     }
+}
+
+/// Adds a shard to a model: the first gives the metadata, every shard its tensors, at most
+/// `MAX_TENSORS` in all.
+pub fn merge(model: &mut Option<Header>, shard: Header, file: &str) -> Result<(), ReadError> {
+    let Some(m) = model.as_mut() else {
+        *model = Some(shard);
+        return Ok(());
+    };
+    let n = (m.tensors.len() as u64).saturating_add(shard.tensors.len() as u64);
+    bounds::at_most(n, MAX_TENSORS, "tensors", || {
+        "the tensor count of all shards".into()
+    })
+    .map_err(|e| ReadError::Invalid {
+        file: file.into(),
+        source: e.into(),
+    })?;
+    m.tensors.extend(shard.tensors);
+    Ok(())
 }
 
 /// A file on the registry at a pinned commit, read through Range requests.
@@ -136,7 +182,8 @@ impl ByteSource for FileSource {
     }
 }
 
-/// The header of a (possibly split) model: metadata from the first shard, tensor infos from all.
+/// The header of a (possibly split) model: metadata from the first shard, tensor infos from all,
+/// with the counts of all shards together checked.
 pub async fn read_model(
     hub: &Hub,
     repo: &str,
@@ -144,7 +191,7 @@ pub async fn read_model(
     paths: &[String],
 ) -> Result<(Header, u64), ReadError> {
     let mut merged: Option<Header> = None;
-    let mut fetched = 0;
+    let mut fetched = 0u64;
     for path in paths {
         let mut src = HubSource {
             hub,
@@ -153,16 +200,15 @@ pub async fn read_model(
             path,
         };
         let read = read_header(&mut src, path).await?;
-        fetched += read.fetched;
-        match merged.as_mut() {
-            None => merged = Some(read.header),
-            Some(m) => m.tensors.extend(read.header.tensors),
-        }
+        fetched = fetched.saturating_add(read.fetched);
+        merge(&mut merged, read.header, path)?;
     }
-    let header = merged.ok_or_else(|| ReadError::Invalid {
+    let invalid = |source| ReadError::Invalid {
         file: repo.into(),
-        source: GgufError::Truncated { needed: 4, len: 0 },
-    })?;
+        source,
+    };
+    let header = merged.ok_or_else(|| invalid(GgufError::Truncated { needed: 4, len: 0 }))?;
+    hparams::tensors(&header).map_err(|e| invalid(e.into()))?;
     Ok((header, fetched))
 }
 
@@ -236,6 +282,29 @@ mod tests {
         assert!(
             e.to_string().starts_with("cut.gguf: the file ends at byte"),
             "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hostile_header_is_refused_on_the_blocking_pool_naming_field_and_limit() {
+        let bytes = write::header(
+            &[
+                ("general.architecture", Value::String("llama".into())),
+                ("llama.block_count", Value::U32(0xFFFF_FFF0)),
+            ],
+            &[("t", &[32], 0)],
+        );
+        let mut src = Mem {
+            bytes,
+            reads: vec![],
+        };
+        let start = std::time::Instant::now();
+        let e = read_header(&mut src, "evil.gguf").await.unwrap_err();
+        assert!(start.elapsed().as_secs_f64() < 1.0, "{:?}", start.elapsed());
+        assert_eq!(e.reason(), "InvalidHeader");
+        assert_eq!(
+            e.to_string(),
+            "evil.gguf: llama.block_count is 4294967280, above the limit of 4096 layers"
         );
     }
 }
