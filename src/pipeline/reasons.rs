@@ -69,6 +69,12 @@ fn check() -> Vec<&'static str> {
                 source: std::io::Error::other(""),
             },
         )),
+        CheckFailure::Bounds(crate::gguf::bounds::BoundsError::AboveLimit {
+            field: s(),
+            value: 0,
+            limit: 0,
+            unit: "",
+        }),
     ];
     out.extend(failures.iter().map(|f| f.reason()));
     out

@@ -14,7 +14,8 @@ use super::outcome::{Failure, Outcome, Progress, Recovery};
 use super::resolve::registry_recovery;
 use super::token::{self, TokenFailure};
 use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
-use crate::gguf::memory::{self, Flags};
+use crate::gguf::inspect::{InspectError, Verdict};
+use crate::gguf::memory::Flags;
 use crate::gguf::{self, ReadError, SourceError, support};
 use crate::hub::{Hub, HubError};
 use crate::units::gi_quantity;
@@ -37,10 +38,16 @@ pub enum CheckFailure {
         /// The build note, when the build is an assumption.
         note: String,
     },
+    /// A count beyond its bound (InvalidHeader), or server settings beyond theirs (InvalidSpec).
+    #[error("{0}")]
+    Bounds(#[source] crate::gguf::bounds::BoundsError),
     #[error("{0}")]
     InvalidResources(String),
     #[error("{why}. {summary}")]
     NoNodeFits { why: String, summary: String },
+    /// The runtime dropped the judging task (the operator is shutting down).
+    #[error("the header check was cancelled: {0}")]
+    Cancelled(String),
     #[error(transparent)]
     Registry(#[from] HubError),
     #[error(transparent)]
@@ -58,11 +65,12 @@ fn header_message(e: &ReadError) -> String {
 impl Failure for CheckFailure {
     fn reason(&self) -> &'static str {
         match self {
-            CheckFailure::Header(ReadError::Source(SourceError::Hub(h))) => h.reason(),
-            CheckFailure::Header(_) => "InvalidGGUF",
+            CheckFailure::Header(e) => e.reason(),
+            CheckFailure::Bounds(e) => e.reason(),
             CheckFailure::Unsupported { source, .. } => source.reason(),
             CheckFailure::InvalidResources(_) => "InvalidResources",
             CheckFailure::NoNodeFits { .. } => "NoNodeFits",
+            CheckFailure::Cancelled(_) => "InternalError",
             CheckFailure::Registry(e) => e.reason(),
             CheckFailure::Token(e) => e.reason(),
         }
@@ -73,9 +81,11 @@ impl Failure for CheckFailure {
             CheckFailure::Header(ReadError::Source(SourceError::Hub(h))) => registry_recovery(h),
             CheckFailure::Registry(h) => registry_recovery(h),
             CheckFailure::Token(e) => e.recovery(),
+            CheckFailure::Cancelled(_) => Recovery::TRANSIENT,
             // Nodes come and go without a spec change.
             CheckFailure::NoNodeFits { .. } => Recovery::Heals(RECHECK_NODES),
             CheckFailure::Header(_)
+            | CheckFailure::Bounds(_)
             | CheckFailure::Unsupported { .. }
             | CheckFailure::InvalidResources(_) => Recovery::SpecChange,
         }
@@ -136,7 +146,10 @@ pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
     )
 }
 
-/// Reads the model's header from the registry and judges build support and memory.
+/// Reads the model's header from the registry and judges its counts, build support and
+/// memory. The judging is CPU work, bounded by the header's limits: it runs on the blocking
+/// pool, so a large header never holds up a runtime worker (and a panic there still reaches
+/// the stage's guard).
 pub async fn inspect(
     hub: &Hub,
     repo: &str,
@@ -147,26 +160,43 @@ pub async fn inspect(
     let (header, _) = gguf::read_model(hub, repo, &r.commit, &paths)
         .await
         .map_err(CheckFailure::Header)?;
-    let first = support::first_build(&header, paths.len() > 1, p.build).map_err(|source| {
-        CheckFailure::Unsupported {
+    let (split, build, flags) = (paths.len() > 1, p.build, p.flags);
+    let judged = tokio::task::spawn_blocking(move || {
+        let v = gguf::inspect::judge(&header, split, build, &flags);
+        (header, v)
+    })
+    .await;
+    let (header, verdict) = match judged {
+        Ok(j) => j,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => return Err(CheckFailure::Cancelled(e.to_string())),
+        },
+    };
+    let Verdict {
+        first_build: first,
+        estimate: e,
+    } = verdict.map_err(|e| match e {
+        InspectError::Read(e) => CheckFailure::Header(e),
+        InspectError::Bounds(e) => CheckFailure::Bounds(e),
+        InspectError::Unsupported(source) => CheckFailure::Unsupported {
             source,
             note: p
                 .build_note
                 .as_ref()
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default(),
-        }
+        },
     })?;
-    let e = memory::estimate(&header, &p.flags);
     Ok(CheckStatus {
         request: Some(request(r, p)),
         architecture: header.architecture().map(String::from),
         engine_build: Some(format!("b{}", p.build)),
         first_build: Some(format!("b{first}")),
         parallel: Some(p.flags.parallel as i32),
-        memory_bytes: Some(e.total as i64),
+        memory_bytes: Some(i64::try_from(e.total).unwrap_or(i64::MAX)),
         memory: Some(gi_quantity(e.total)),
-        kv_bytes_per_token: Some(e.kv_bytes_per_token as i64),
+        kv_bytes_per_token: Some(i64::try_from(e.kv_bytes_per_token).unwrap_or(i64::MAX)),
         basis: Some(e.basis.clone()),
     })
 }
