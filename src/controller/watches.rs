@@ -47,11 +47,20 @@ impl Watches {
             // status writes do not, so progress is written at the pace the stages ask for.
             .predicate_filter(predicates::generation, Default::default())
             .boxed();
-        let (deployments, deployment_events) = owned(client, namespace, managed());
-        let (services, service_events) = owned(client, namespace, managed());
-        let (secrets, secret_events) = owned(client, namespace, managed());
-        let (pods, pod_events) = owned(client, namespace, managed());
-        let (replica_sets, replica_set_events) = owned(client, namespace, managed());
+        let (deployments, deployment_events) =
+            owned(client, namespace, managed(), |d: &mut Deployment| {
+                slim(d);
+                crate::pipeline::cache::compact_deployment(d);
+            });
+        let (services, service_events) = owned(client, namespace, managed(), slim);
+        let (secrets, secret_events) = owned(client, namespace, managed(), slim);
+        let (pods, pod_events) = owned(client, namespace, managed(), slim);
+        // A ReplicaSet's template is as large as its Deployment's: the cache keeps a digest.
+        let (replica_sets, replica_set_events) =
+            owned(client, namespace, managed(), |rs: &mut ReplicaSet| {
+                slim(rs);
+                crate::pipeline::place::observe::slim_replica_set(rs);
+            });
 
         let (nodes, node_writer) = reflector::store();
         let node_events = watcher(Api::<Node>::all(client.clone()), Default::default())
@@ -124,6 +133,7 @@ fn owned<K>(
     client: &Client,
     namespace: Option<&str>,
     config: watcher::Config,
+    modify: fn(&mut K),
 ) -> (Store<K>, Events<K>)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -137,16 +147,24 @@ where
     let (store, writer) = reflector::store();
     let events = watcher(api::<K>(client, namespace), config)
         .default_backoff()
-        .modify(slim)
+        .modify(modify)
         .reflect(writer)
         .touched_objects()
         .boxed();
     (store, events)
 }
 
-/// Drops what no stage reads from a cached object.
+/// Drops what no stage reads from a cached object: managed fields, and the copy of the whole
+/// object that a client-side `kubectl apply` keeps in an annotation.
 fn slim<K: Resource>(o: &mut K) {
-    o.meta_mut().managed_fields = None;
+    let meta = o.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+        if a.is_empty() {
+            meta.annotations = None;
+        }
+    }
 }
 
 /// The ModelServe a pod or ReplicaSet belongs to, by its model label.

@@ -69,7 +69,7 @@ pub fn template_current(observed: &Observed) -> bool {
     let Some(deployment) = &observed.deployment else {
         return false;
     };
-    let Some(want) = deployment.spec.as_ref().map(|s| &s.template) else {
+    let Some(want) = deployment.spec.as_ref().map(|s| s.template.clone()) else {
         return false;
     };
     let newest = observed
@@ -77,15 +77,38 @@ pub fn template_current(observed: &Observed) -> bool {
         .iter()
         .filter(|rs| controlled_by(&rs.metadata, deployment.metadata.uid.as_deref()))
         .max_by_key(|rs| (revision(rs), created(&rs.metadata), rs.name_any()));
-    let Some(mut have) = newest.and_then(|rs| rs.spec.as_ref()?.template.clone()) else {
-        return false;
-    };
-    // The Deployment controller adds the template's hash as a label; nothing else differs.
-    if let Some(labels) = have.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+    let have = newest.and_then(|rs| {
+        rs.annotations()
+            .get(TEMPLATE_DIGEST)
+            .cloned()
+            .or_else(|| rs.spec.as_ref()?.template.clone().and_then(template_digest))
+    });
+    have.is_some() && have == template_digest(want)
+}
+
+/// Where the cache keeps a ReplicaSet's pod template as its digest (the template itself, as
+/// large as the Deployment's, is dropped from the cache).
+pub const TEMPLATE_DIGEST: &str = "modelserve.dev/cached-template-digest";
+
+/// A digest of a pod template as the Deployment asks for it: without the template hash label
+/// the Deployment controller adds to its ReplicaSets' copies.
+pub fn template_digest(mut t: k8s_openapi::api::core::v1::PodTemplateSpec) -> Option<String> {
+    if let Some(labels) = t.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
         labels.remove("pod-template-hash");
     }
-    let json = |t: &k8s_openapi::api::core::v1::PodTemplateSpec| serde_json::to_value(t).ok();
-    json(&have).is_some() && json(&have) == json(want)
+    // serde_json's maps are ordered by key, so equal templates give equal text.
+    let text = serde_json::to_value(&t).ok()?.to_string();
+    Some(crate::units::digest(text.as_bytes()))
+}
+
+/// Replaces a cached ReplicaSet's pod template by its digest.
+pub fn slim_replica_set(rs: &mut ReplicaSet) {
+    let Some(template) = rs.spec.as_mut().and_then(|s| s.template.take()) else {
+        return;
+    };
+    if let Some(d) = template_digest(template) {
+        rs.annotations_mut().insert(TEMPLATE_DIGEST.into(), d);
+    }
 }
 
 fn controlled_by(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
