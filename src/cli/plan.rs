@@ -34,6 +34,10 @@ pub struct Args {
     /// Context of one request (default 4096); slots = context-size / context-length.
     #[arg(long, default_value_t = 4096)]
     pub context_length: i32,
+    /// The CPU code the nodes run, which decides the CPU repack: none, avx2, avx512, amx,
+    /// arm-dotprod, several joined by '|', x86, arm, or unknown (the largest of all).
+    #[arg(long, default_value = "unknown", value_parser = clap::value_parser!(crate::gguf::memory::repack::Tiers))]
+    pub cpu: crate::gguf::memory::repack::Tiers,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "text")]
     pub output: Output,
@@ -61,7 +65,7 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", RegistryArgs::flag_of(&e)))?;
     let result = resolve::resolve(&hub, &spec).await;
     let ms = ModelServe::new("plan", spec.clone());
-    let p = check::plan(&ms, &args.engine_image, args.engine_build);
+    let p = check::plan(&ms, &args.engine_image, args.engine_build, args.cpu);
     let checked = match &result {
         Ok(r) => Some(check::inspect(&hub, &spec.repo, r, &p).await),
         Err(_) => None,

@@ -1,12 +1,15 @@
 //! The memory a llama-server replica needs, from the GGUF header alone: weights from the tensor
 //! infos, KV cache per layer (GQA widths, per-layer head counts, sliding-window layers, MLA),
-//! recurrent state of recurrent and hybrid models, compute and output buffers, engine overhead.
-//! Formulas follow llama.cpp b6975+ (context padded to 256 cells, one stream per slot).
+//! recurrent state of recurrent and hybrid models, the CPU repack copy (`repack`), compute and
+//! output buffers, and the engine's memory outside its buffers (`engine`). Formulas follow
+//! llama.cpp b6975+ (context padded to 256 cells, one stream per slot).
 //!
 //! Every hyper-parameter is read through its bound (`hparams::Hp`) and the arithmetic is in
 //! `u128`, where the bounded factors cannot overflow; so the estimate never panics, overflows or
 //! loops more than `MAX_LAYERS` times, whatever the header says.
 
+pub mod engine;
+pub mod repack;
 #[cfg(test)]
 mod tests;
 
@@ -26,8 +29,6 @@ use crate::units::human_bytes;
 const KV_ELEMENT_BYTES: u128 = 2; // f16, llama-server's default cache type
 const STATE_ELEMENT_BYTES: u128 = 4; // recurrent state is always f32
 const PAD: u128 = 256;
-/// Resident memory of the llama-server process before the model: binary, libraries, threads.
-const ENGINE_OVERHEAD: u128 = 32 << 20;
 /// llama-server reserves logits for its slots only from this build on (before: for a whole ubatch).
 const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
 /// MLA caches keep no V from this build on.
@@ -44,6 +45,8 @@ pub struct Flags {
     pub ubatch: u64,
     /// The llama.cpp build the nodes run.
     pub build: u32,
+    /// The CPU code the replicas may run, capped by the engine's (the largest repack counts).
+    pub cpu: repack::Tiers,
 }
 
 impl Flags {
@@ -70,9 +73,16 @@ impl Flags {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Estimate {
     pub weights: u64,
+    /// The CPU repack copy of some weights (resident besides their mapped file pages).
+    pub repack: u64,
+    /// The tier the repack is counted for.
+    pub repack_tier: repack::Tier,
     pub kv: u64,
     pub recurrent: u64,
     pub compute: u64,
+    /// The engine's memory outside the model, KV and compute buffers, part by part.
+    pub engine: engine::Engine,
+    /// `engine`'s total.
     pub overhead: u64,
     pub total: u64,
     /// KV bytes one more token of context costs (full-attention layers).
@@ -182,7 +192,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     };
 
     let (Some(n_layer), Some(n_embd)) = (hp.u(&BLOCK_COUNT), hp.u(&EMBEDDING)) else {
-        return fallback(weights, arch);
+        return fallback(h, weights, arch, f);
     };
     let n_embd_w = u128::from(n_embd);
     let n_head0 = hp.per_layer(&HEAD_COUNT, 0).unwrap_or(0);
@@ -319,12 +329,30 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
                 0
             });
     let compute = logits + activations + masks;
-    let overhead = ENGINE_OVERHEAD + vocab * parallel * 4;
-    let total = (weights + kv + recurrent + compute + overhead).div_ceil(1 << 20) << 20;
+    let head_k0 = head_k * u128::from(n_head0);
+    let widest = [n_ff, n_embd_w, head_k0, n_ff_moe]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+    let eng = engine::parts(
+        h,
+        &engine::Shape {
+            vocab: hp.vocab(),
+            parallel: bytes(parallel),
+            ubatch: bytes(ubatch),
+            widest: bytes(widest),
+        },
+    );
+    let overhead = u128::from(eng.total());
+    let (repack, tier, repacked) = repack::largest(h, f.cpu);
+    let total = (weights + u128::from(repack) + kv + recurrent + compute + overhead)
+        .div_ceil(1 << 20)
+        << 20;
 
     let mut basis = format!(
-        "weights {} + KV {} for {} tokens in {} slot(s)",
+        "weights {}{} + KV {} for {} tokens in {} slot(s)",
         human_bytes(bytes(weights)),
+        repack_basis(repack, tier, repacked, f.cpu),
         human_bytes(bytes(kv)),
         n_ctx,
         parallel
@@ -344,18 +372,21 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         );
     }
     basis += &format!(
-        " + compute {} + engine {}",
+        " + compute {} + {}",
         human_bytes(bytes(compute)),
-        human_bytes(bytes(overhead))
+        engine_basis(&eng, h, hp.vocab())
     );
     if unknown_types {
         basis += "; tensors of unknown types counted as 0 bytes";
     }
     let e = Estimate {
         weights: bytes(weights),
+        repack,
+        repack_tier: tier,
         kv: bytes(kv),
         recurrent: bytes(recurrent),
         compute: bytes(compute),
+        engine: eng,
         overhead: bytes(overhead),
         total: bytes(total),
         kv_bytes_per_token: bytes(per_token),
@@ -407,24 +438,71 @@ fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
     }
 }
 
-fn fallback(weights: u128, arch: &str) -> (Estimate, u128) {
+fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128) {
     let compute = 512 << 20;
     let margin = weights / 10;
-    let total = (weights + margin + compute + ENGINE_OVERHEAD).div_ceil(1 << 20) << 20;
+    let fixed = u128::from(engine::FIXED);
+    let (repack, tier, _) = repack::largest(h, f.cpu);
+    let total = (weights + u128::from(repack) + margin + compute + fixed).div_ceil(1 << 20) << 20;
     let e = Estimate {
         weights: bytes(weights),
+        repack,
+        repack_tier: tier,
         kv: 0,
         recurrent: 0,
         compute: bytes(compute + margin),
-        overhead: bytes(ENGINE_OVERHEAD),
+        engine: engine::Engine {
+            fixed: engine::FIXED,
+            ..Default::default()
+        },
+        overhead: engine::FIXED,
         total: bytes(total),
         kv_bytes_per_token: 0,
         fallback: true,
         basis: format!(
-            "FALLBACK: the header lacks {arch}.block_count or {arch}.embedding_length, so the KV cache cannot be computed; estimate = weights {} + 10% + 512 MiB + engine {}",
+            "FALLBACK: the header lacks {arch}.block_count or {arch}.embedding_length, so the KV cache cannot be computed; estimate = weights {} + CPU repack {} + 10% + 512 MiB + engine {}",
             human_bytes(bytes(weights)),
-            human_bytes(bytes(ENGINE_OVERHEAD))
+            human_bytes(repack),
+            human_bytes(engine::FIXED)
         ),
     };
     (e, total)
+}
+
+/// " + CPU repack 1.2 GiB (96 tensors, x86 AVX2)", or nothing when nothing is repacked.
+fn repack_basis(b: u64, tier: repack::Tier, tensors: u64, tiers: repack::Tiers) -> String {
+    if b == 0 {
+        return String::new();
+    }
+    let several = tiers.iter().count() > 1;
+    let bound = if several {
+        format!(
+            "; the largest of {}, as the nodes' CPU features are not known",
+            tiers.key()
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        " + CPU repack {} ({tensors} tensors, {}{bound})",
+        human_bytes(b),
+        tier.describe()
+    )
+}
+
+/// "output 1 MiB + vocabulary 12 MiB (32000 tokens, 0 merges) + samplers ... + engine 32 MiB".
+fn engine_basis(e: &engine::Engine, h: &Header, vocab: u64) -> String {
+    let merges = h
+        .get("tokenizer.ggml.merges")
+        .and_then(super::header::Value::array_len)
+        .unwrap_or(0);
+    format!(
+        "output {} + vocabulary {} ({vocab} tokens, {merges} merges) + samplers {} + matmul work {} + graph {} + engine {}",
+        human_bytes(e.output),
+        human_bytes(e.vocab),
+        human_bytes(e.sampler),
+        human_bytes(e.work),
+        human_bytes(e.graph),
+        human_bytes(e.fixed)
+    )
 }

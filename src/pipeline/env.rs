@@ -32,6 +32,9 @@ pub struct Settings {
     /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
     #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
     pub engine_build: Option<u32>,
+    /// The best CPU code the engine image has: "all" for the official images, which load the best variant for each CPU, or the best tier per architecture of an image built for one CPU level (none, avx2, avx512, amx, arm-dotprod; e.g. "avx2"). It caps the CPU repack the estimate counts.
+    #[arg(long, env = "MODELSERVE_ENGINE_CPU", default_value = "all", value_parser = clap::value_parser!(crate::gguf::memory::repack::EngineCpu))]
+    pub engine_cpu: crate::gguf::memory::repack::EngineCpu,
     /// Image of the replicas' init container that copies the model from the mirror (`modelserve pull`).
     #[arg(long, env = "MODELSERVE_PULL_IMAGE", default_value = DEFAULT_PULL_IMAGE)]
     pub pull_image: String,

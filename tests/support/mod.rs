@@ -407,6 +407,8 @@ impl Operator {
                 namespace,
             ])
             .args(["--registry-endpoint", registry])
+            // The test bed's llama-server is built for any x86-64 with AVX2 (no -march=native).
+            .args(["--engine-cpu", "avx2"])
             .args(extra)
             .env("KUBECONFIG", &tb.kubeconfig)
             .env(

@@ -15,6 +15,7 @@ fn flags(ctx: u64) -> Flags {
         parallel: 1,
         ubatch: 512,
         build: BUILD,
+        cpu: crate::gguf::memory::repack::Tiers::ANY,
     }
 }
 

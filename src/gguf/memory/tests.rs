@@ -9,6 +9,7 @@ fn flags(ctx: u64, parallel: u64) -> Flags {
         parallel,
         ubatch: 512,
         build: 10000,
+        cpu: repack::Tiers::ANY,
     }
 }
 
@@ -201,6 +202,7 @@ fn an_unchecked_absurd_header_and_settings_are_clamped_never_overflowed() {
         parallel: u64::MAX,
         ubatch: u64::MAX,
         build: u32::MAX,
+        cpu: repack::Tiers::ANY,
     };
     let start = std::time::Instant::now();
     let e = estimate(&h, &f);

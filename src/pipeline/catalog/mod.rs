@@ -90,7 +90,13 @@ async fn catalog(
         .mirror_url
         .clone()
         .ok_or(CatalogFailure::MirrorNotConfigured)?;
-    let plan = super::check::plan(ms, &env.settings.engine_image, env.settings.engine_build);
+    // The build only: the CPU code does not change the objects.
+    let plan = super::check::plan(
+        ms,
+        &env.settings.engine_image,
+        env.settings.engine_build,
+        crate::gguf::memory::repack::Tiers::ANY,
+    );
     let settings = Settings {
         engine_image: env.settings.engine_image.clone(),
         build: plan.build,

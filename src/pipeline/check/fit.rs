@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Toleration};
 use kube::ResourceExt;
 
+use super::cpu;
 use crate::api::EngineSpec;
+use crate::gguf::memory::repack::Tiers;
 use crate::units::{human_bytes, parse_quantity};
 
 /// A node the replicas may land on, with its allocatable memory.
@@ -14,6 +16,8 @@ use crate::units::{human_bytes, parse_quantity};
 pub struct Candidate {
     pub name: String,
     pub memory: u64,
+    /// The CPU code it may run (its Node Feature Discovery labels, or its architecture).
+    pub cpu: Tiers,
 }
 
 /// The nodes a replica could be scheduled on, by nodeSelector, taints and cordons.
@@ -68,6 +72,7 @@ pub fn candidates(
                 .and_then(|a| a.get("memory"))
                 .and_then(|q| parse_quantity(&q.0))
                 .unwrap_or(0),
+            cpu: cpu::tiers(n.labels()),
         })
         .collect()
 }

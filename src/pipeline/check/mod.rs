@@ -5,6 +5,7 @@
 //! Settled once passed: a Check that is True for the same set, server flags and placement is
 //! not redone, so a scale or any other edit that does not change those reads nothing again.
 
+pub mod cpu;
 pub mod fit;
 
 use std::time::Duration;
@@ -16,6 +17,7 @@ use super::token::{self, TokenFailure};
 use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
 use crate::gguf::inspect::{InspectError, Verdict};
 use crate::gguf::memory::Flags;
+use crate::gguf::memory::repack::Tiers;
 use crate::gguf::{self, ReadError, SourceError, support};
 use crate::hub::{Hub, HubError};
 use crate::units::gi_quantity;
@@ -101,8 +103,9 @@ pub struct Plan {
     pub flags: Flags,
 }
 
-/// The nodes' build and the server flags for `ms`, from the spec and the operator's configuration.
-pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>) -> Plan {
+/// The nodes' build and the server flags for `ms`, from the spec and the operator's
+/// configuration, for replicas that may run the CPU code `cpu`.
+pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>, cpu: Tiers) -> Plan {
     let image = ms
         .spec
         .engine
@@ -131,6 +134,7 @@ pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>) -
             parallel,
             ubatch: UBATCH,
             build,
+            cpu,
         },
     }
 }
@@ -141,8 +145,13 @@ pub const LATEST_KNOWN_BUILD: u32 = 10587;
 /// What status.check.request records for this check.
 pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
     format!(
-        "{}@{} ctx={} parallel={} build=b{}",
-        r.set, r.commit, p.flags.ctx_size, p.flags.parallel, p.build
+        "{}@{} ctx={} parallel={} build=b{} cpu={}",
+        r.set,
+        r.commit,
+        p.flags.ctx_size,
+        p.flags.parallel,
+        p.build,
+        p.flags.cpu.key()
     )
 }
 
@@ -235,7 +244,17 @@ pub async fn run(
     resolved: &ResolvedStatus,
     check: &mut Option<CheckStatus>,
 ) -> Outcome {
-    let p = plan(ms, &env.settings.engine_image, env.settings.engine_build);
+    let engine = ms.spec.engine.clone().unwrap_or_default();
+    let nodes = env.cache.nodes();
+    let candidates = fit::candidates(&nodes, &engine.node_selector, &engine.tolerations);
+    // The pod may land on any candidate: the estimate counts the largest repack among them.
+    let cpu = cpu::union(candidates.iter().map(|c| &c.cpu)).capped(env.settings.engine_cpu);
+    let p = plan(
+        ms,
+        &env.settings.engine_image,
+        env.settings.engine_build,
+        cpu,
+    );
     let inspection = request(resolved, &p);
     let full = full_request(&inspection, ms);
     // A check that passed for this very request holds: nothing it depends on has changed.
@@ -265,7 +284,7 @@ pub async fn run(
     };
     status.request = Some(full);
     *check = Some(status.clone());
-    match judge(env, ms, &status, &p) {
+    match judge(&engine, &candidates, &status, &p) {
         Ok(message) => Outcome::done(Progress::Checked, message),
         Err(f) => Outcome::failed(&f),
     }
@@ -293,21 +312,16 @@ async fn read(
 
 /// Compares what a replica will request with the nodes it may land on (from the cache).
 fn judge(
-    env: &Env,
-    ms: &ModelServe,
+    engine: &crate::api::EngineSpec,
+    candidates: &[fit::Candidate],
     status: &CheckStatus,
     p: &Plan,
 ) -> Result<String, CheckFailure> {
     let needed = status.memory_bytes.unwrap_or(0).max(0) as u64;
-    let engine = ms.spec.engine.clone().unwrap_or_default();
     // The scheduler places a replica by the memory its pod requests: the user's, when set.
     let (asked, asked_note) =
-        fit::requested(&engine, needed).map_err(CheckFailure::InvalidResources)?;
-    let nodes = env.cache.nodes();
-    let verdict = fit::fit(
-        asked,
-        &fit::candidates(&nodes, &engine.node_selector, &engine.tolerations),
-    );
+        fit::requested(engine, needed).map_err(CheckFailure::InvalidResources)?;
+    let verdict = fit::fit(asked, candidates);
     let mut summary = format!(
         "{} loads from {} (nodes run {}); {}",
         status.architecture.as_deref().unwrap_or("the model"),
@@ -337,21 +351,32 @@ mod tests {
             )
             .unwrap(),
         );
-        let p = plan(&ms, "ghcr.io/ggml-org/llama.cpp:server-b6500", None);
+        let p = plan(
+            &ms,
+            "ghcr.io/ggml-org/llama.cpp:server-b6500",
+            None,
+            Tiers::ANY,
+        );
         assert_eq!(
             (p.build, p.build_note.clone(), p.flags.parallel),
             (6500, None, 4)
         );
-        let p = plan(&ms, "llama.cpp:latest", None);
+        let p = plan(&ms, "llama.cpp:latest", None, Tiers::ANY);
         assert!(p.build_note.unwrap().contains("names no build"));
         ms.spec.engine = Some(crate::api::EngineSpec {
             image: Some("x:server-cuda-b7000".into()),
             ..Default::default()
         });
         assert_eq!(
-            plan(&ms, "ghcr.io/ggml-org/llama.cpp:server-b6500", None).build,
+            plan(
+                &ms,
+                "ghcr.io/ggml-org/llama.cpp:server-b6500",
+                None,
+                Tiers::ANY
+            )
+            .build,
             7000
         );
-        assert_eq!(plan(&ms, "y", Some(5000)).build, 5000);
+        assert_eq!(plan(&ms, "y", Some(5000), Tiers::ANY).build, 5000);
     }
 }

@@ -1,0 +1,163 @@
+//! The engine's memory outside its logged buffers: the vocabulary's tables, the samplers, the
+//! CPU matmul work buffer, the graph metadata, and a fixed part (binary, libraries, threads).
+//!
+//! The per-token and per-merge figures are llama.cpp's containers as libstdc++ and glibc lay
+//! them out (`llama_vocab`: token data, the text-to-id map, the piece cache; BPE's merge ranks;
+//! UGM and RWKV's tries), plus the GGUF metadata copies the loader holds while the weights load
+//! (freed then, but left resident in the heap).
+
+use super::super::header::{Header, Value};
+use super::super::support::ggml_type;
+
+/// Bytes per vocabulary token: token data, the text-to-id map node and buckets, the piece
+/// cache, long texts on the heap, and the loader's GGUF copy of the token list.
+pub const PER_TOKEN: u64 = 224;
+/// Bytes per BPE merge: the rank map's node and buckets, and the loader's copy.
+pub const PER_MERGE: u64 = 152;
+/// Bytes per token of the tries UGM, RWKV and PLaMo-2 tokenizers build.
+pub const TRIE_PER_TOKEN: u64 = 320;
+/// Bytes per token and slot of a sampler's candidate array (id, logit, p).
+pub const SAMPLER_PER_TOKEN: u64 = 12;
+/// Bytes per graph node of the graph results and the scheduler's tables.
+pub const PER_GRAPH_NODE: u64 = 1536;
+/// The fewest graph nodes llama.cpp reserves.
+const MIN_GRAPH_NODES: u64 = 1024;
+/// Resident memory of llama-server with no model to speak of: binary, libraries, threads,
+/// HTTP server. Measured against the test bed's build (a 2-layer model with 289 tokens, 2
+/// cores): 20 MiB peak RSS with every buffer in it, 12.4 MiB of it the binary's pages, 11
+/// threads. The rest of the 32 is room for the threads of a large node: llama-server starts one
+/// compute thread per core and about as many HTTP threads, whatever the pod's CPU limit.
+pub const FIXED: u64 = 32 << 20;
+
+/// The parts, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Engine {
+    pub vocab: u64,
+    pub sampler: u64,
+    pub output: u64,
+    pub work: u64,
+    pub graph: u64,
+    pub fixed: u64,
+}
+
+impl Engine {
+    pub fn total(&self) -> u64 {
+        [
+            self.vocab,
+            self.sampler,
+            self.output,
+            self.work,
+            self.graph,
+            self.fixed,
+        ]
+        .iter()
+        .fold(0u64, |a, b| a.saturating_add(*b))
+    }
+}
+
+/// Inputs the parts depend on besides the header.
+pub struct Shape {
+    pub vocab: u64,
+    pub parallel: u64,
+    pub ubatch: u64,
+    /// The widest activation row a matmul reads: max(n_ff, n_embd, heads × head width, used
+    /// experts × expert width).
+    pub widest: u64,
+}
+
+/// The engine parts for a model of this header and shape.
+pub fn parts(h: &Header, s: &Shape) -> Engine {
+    let merges = h
+        .get("tokenizer.ggml.merges")
+        .and_then(Value::array_len)
+        .unwrap_or(0);
+    let tokenizer = h
+        .get("tokenizer.ggml.model")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let charsmap = h
+        .get("tokenizer.ggml.precompiled_charsmap")
+        .and_then(Value::array_len)
+        .unwrap_or(0);
+    let trie = if matches!(tokenizer, "t5" | "rwkv" | "plamo2") {
+        s.vocab
+            .saturating_mul(TRIE_PER_TOKEN)
+            .saturating_add(charsmap)
+    } else {
+        0
+    };
+    let vocab = s
+        .vocab
+        .saturating_mul(PER_TOKEN)
+        .saturating_add(merges.saturating_mul(PER_MERGE))
+        .saturating_add(trie);
+    // The work buffer holds a ubatch of the activations converted to the weights' dot-product
+    // type: f16 for f16/bf16 weights, 8-bit blocks (292 bytes per 256) for quantized ones.
+    let wide_float = h.tensors.iter().any(|t| {
+        t.dims.len() >= 2
+            && ggml_type(t.ggml_type).is_some_and(|ty| ty.name == "F16" || ty.name == "BF16")
+    });
+    let elements = s.ubatch.saturating_mul(s.widest);
+    let work = if wide_float {
+        elements.saturating_mul(2)
+    } else {
+        elements.saturating_mul(292).div_ceil(256)
+    };
+    let nodes = (h.tensors.len() as u64)
+        .saturating_mul(8)
+        .max(MIN_GRAPH_NODES);
+    Engine {
+        vocab,
+        sampler: s
+            .vocab
+            .saturating_mul(SAMPLER_PER_TOKEN)
+            .saturating_mul(s.parallel),
+        output: s.vocab.saturating_mul(4).saturating_mul(s.parallel),
+        work,
+        graph: nodes.saturating_mul(PER_GRAPH_NODE),
+        fixed: FIXED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vocabulary_parts_grow_with_tokens_merges_and_slots() {
+        let mut h = Header {
+            version: 3,
+            metadata: Default::default(),
+            tensors: Vec::new(),
+            alignment: 32,
+            data_offset: 0,
+        };
+        h.metadata
+            .insert("tokenizer.ggml.model".into(), Value::String("gpt2".into()));
+        h.metadata.insert(
+            "tokenizer.ggml.merges".into(),
+            Value::Array {
+                value_type: 8,
+                len: 514_906,
+                items: None,
+            },
+        );
+        let s = Shape {
+            vocab: 262_144,
+            parallel: 4,
+            ubatch: 512,
+            widest: 10240,
+        };
+        let e = parts(&h, &s);
+        assert_eq!(e.vocab, 262_144 * PER_TOKEN + 514_906 * PER_MERGE);
+        assert!(
+            (120 << 20..140 << 20).contains(&e.vocab),
+            "Gemma's tables come to about 127 MiB: {}",
+            e.vocab
+        );
+        assert_eq!(e.sampler, 262_144 * 12 * 4);
+        assert_eq!(e.output, 262_144 * 4 * 4);
+        assert_eq!(e.work, 512 * 10240 * 292 / 256);
+        assert_eq!(e.graph, 1024 * PER_GRAPH_NODE);
+    }
+}
