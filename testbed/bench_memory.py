@@ -1,90 +1,255 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): the Check stage's memory estimate against the real llama-server.
 
-For every model and setting it starts llama-server with the flags the Catalog stage uses
-(--ctx-size, --parallel, --cache-ram 0), reads the engine's own KV cache, recurrent state and
-compute buffer sizes from its log, sends one chat completion, reads the peak RSS (VmHWM), and
-prints them beside `modelserve estimate` for the same file and flags.
+For every model and setting it runs `modelserve estimate`, then starts llama-server with the
+flags the Catalog stage gives the pods (src/pipeline/catalog/args.rs), reads the buffers the
+engine logs at -lv 4, sends one chat completion and reads the peak RSS (VmHWM). One line per
+row as it completes, then a summary. Sizes are MiB.
 
-  python3 testbed/bench_memory.py target/release/modelserve LLAMA_SERVER MODEL.gguf...
+  python3 testbed/bench_memory.py [MODEL.gguf ...] [--models GLOB] [--settings 4096x1,16384x4]
+
+Without MODEL arguments it takes the set testbed/quantize_models.py writes. The goals a row is
+flagged for breaking:
+  under   the estimate is below the peak RSS (a pod sized by it would be OOM-killed)
+  over    the estimate is above 1.10 x the peak RSS for a file >= 1 GiB, 1.25 x below
+  kv      the KV cache or recurrent state estimate differs from the engine's own figure
 """
+from __future__ import annotations
+
+import argparse
+import fnmatch
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
-SETTINGS = [(4096, 1), (16384, 4)]  # (--ctx-size, --parallel)
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 MIB = 1 << 20
+GIB = 1 << 30
+SETTINGS = [(4096, 1), (16384, 4), (32768, 8)]  # (--ctx-size, --parallel)
+UBATCH = 512  # crate::pipeline::check::UBATCH, which the Catalog stage passes as --ubatch-size
+EST_FIELDS = ["total", "weights", "repack", "kv", "recurrent", "compute", "output", "vocab", "sampler",
+              "work", "graph", "engine"]
+LOG_FIELDS = ["model", "repack", "kv", "rs", "compute", "output"]
+KEY = "bench-memory-key"
 
 
-def free_port():
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def estimate(modelserve, model, ctx, parallel):
-    out = subprocess.run([modelserve, "estimate", model, "--context-size", str(ctx),
-                          "--context-length", str(ctx // parallel)], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+class Estimator:
+    """`modelserve estimate`, with --cpu avx2 while the binary knows the flag."""
+
+    def __init__(self, modelserve: str):
+        self.modelserve = modelserve
+        self.cpu = ["--cpu", "avx2"]
+
+    def __call__(self, model: Path, ctx: int, parallel: int) -> dict:
+        base = [self.modelserve, "estimate", str(model), "--context-size", str(ctx),
+                "--context-length", str(ctx // parallel)]
+        r = subprocess.run(base + self.cpu, capture_output=True, text=True)
+        if r.returncode == 2 and self.cpu and "--cpu" in r.stderr:  # clap: unknown argument
+            print("# this modelserve has no --cpu flag: estimating without it", flush=True)
+            self.cpu = []
+            r = subprocess.run(base, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"modelserve estimate: {(r.stderr or r.stdout).strip()}")
+        return json.loads(r.stdout)
 
 
-def measure(server, model, ctx, parallel):
+def server_args(server: str, model: Path, ctx: int, parallel: int, port: int, key_file: str) -> list[str]:
+    """The pods' command line (server_args in src/pipeline/catalog/args.rs, at a current build)."""
+    return [server, "--model", str(model), "--ctx-size", str(ctx), "--parallel", str(parallel),
+            "--ubatch-size", str(UBATCH), "--host", "127.0.0.1", "--port", str(port),
+            "--alias", model.stem, "--metrics", "--cache-ram", "0", "--no-webui",
+            "--api-key-file", key_file, "-lv", "4"]
+
+
+def request(url: str, body: dict | None = None, timeout: float = 600) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json",
+                                             "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str) -> dict:
     port = free_port()
-    log = open(f"/tmp/bench-memory-{port}.log", "w+")
-    p = subprocess.Popen([server, "-m", model, "--ctx-size", str(ctx), "--parallel", str(parallel),
-                          "--cache-ram", "0", "--host", "127.0.0.1", "--port", str(port), "-lv", "4"],
-                         stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 300
-        while True:
+    with open(log_path, "w+") as log:
+        p = subprocess.Popen(server_args(server, model, ctx, parallel, port, key_file),
+                             stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 900
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if p.poll() is not None:
+                    raise RuntimeError(f"llama-server exited ({p.returncode}); log {log_path}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"llama-server not ready in 900 s; log {log_path}")
+                time.sleep(0.2)
+            request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16})
+            with open(f"/proc/{p.pid}/status") as s:
+                hwm = next(int(line.split()[1]) * 1024 for line in s if line.startswith("VmHWM:"))
+        finally:
+            p.terminate()
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline or p.poll() is not None:
-                raise SystemExit(f"llama-server did not come up for {model}; log: {log.name}")
-            time.sleep(0.2)
-        body = json.dumps({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
-            json.load(r)
-        with open(f"/proc/{p.pid}/status") as s:
-            hwm = next(int(l.split()[1]) * 1024 for l in s if l.startswith("VmHWM:"))
-    finally:
-        p.terminate()
-        p.wait()
-    log.seek(0)
-    text = log.read()
-    mib = lambda pattern: sum(float(m) for m in re.findall(pattern, text))
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.seek(0)
+        text = log.read()
+    return parse_log(text) | {"peak": hwm}
+
+
+def parse_log(text: str) -> dict:
+    """The buffers llama.cpp logs as '<buffer type> <what> buffer size = X MiB', in MiB."""
+    def lines(what: str) -> list[tuple[str, float]]:
+        return [(m[0], float(m[1])) for m in re.findall(rf"(\S+)\s+{what} buffer size =\s*([\d.]+) MiB", text)]
+    model = lines("model")
+    kv, rs = lines("KV"), lines("RS")
     return {
-        "kv": mib(r"llama_kv_cache: size =\s*([\d.]+) MiB"),
-        "recurrent": mib(r"llama_memory_recurrent: size =\s*([\d.]+) MiB"),
-        "compute": mib(r"compute buffer size =\s*([\d.]+) MiB"),
-        "output": mib(r"output buffer size =\s*([\d.]+) MiB"),
-        "weights": mib(r"model buffer size =\s*([\d.]+) MiB"),
-        "peak_rss": hwm,
+        "model": sum(v for b, v in model if b != "CPU_REPACK"),
+        "model_buffers": {b: v for b, v in model},
+        "repack": sum(v for b, v in model if b == "CPU_REPACK"),
+        # The engine prints each buffer rounded to 0.01 MiB: an exact estimate is within that.
+        "kv": sum(v for _, v in kv), "kv_lines": len(kv),
+        "rs": sum(v for _, v in rs), "rs_lines": len(rs),
+        "compute": sum(v for _, v in lines("compute")),
+        # Two spaces: "CPU  output buffer size", not the model or KV lines.
+        "output": sum(float(m) for m in re.findall(r"\S  output buffer size =\s*([\d.]+) MiB", text)),
     }
 
 
-def main():
-    modelserve, server, models = sys.argv[1], sys.argv[2], sys.argv[3:]
-    print(f"{'model':<28} {'ctx':>6} {'np':>3} | {'KV est':>9} {'KV real':>9} | {'state est':>9} {'state':>9} | "
-          f"{'comp est':>8} {'comp':>8} {'c ratio':>7} | {'total est':>9} {'peak RSS':>9} {'ratio':>6}")
+def mib(x: object) -> float | None:
+    return x / MIB if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def cell(x: float | None, width: int = 8) -> str:
+    if x is None:
+        return f"{'-':>{width}}"
+    return f"{x:>{width}.{2 if abs(x) < 10 else 1}f}"
+
+
+def same(est: float | None, logged: float, n_lines: int) -> bool:
+    """est (MiB) equals the engine's figure, the sum of n_lines values printed to 0.01 MiB."""
+    return est is not None and abs(est - logged) <= 0.005 * max(n_lines, 1) + 1e-9
+
+
+def default_models() -> list[Path]:
+    version = next(line.split("=", 1)[1].strip() for line in (HERE / "versions.env").read_text().splitlines()
+                   if line.startswith("LLAMA_CPP_PYTHON_VERSION="))
+    cache = Path(os.environ.get("MODELSERVE_CACHE")
+                 or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "modelserve")
+    d = cache / f"models-quant-{version}"
+    models = sorted(d.glob("*.gguf"))
+    if not models:
+        sys.exit(f"bench_memory: no models in {d}; write them with testbed/quantize_models.py")
+    return models
+
+
+def parse_settings(s: str) -> list[tuple[int, int]]:
+    out = []
+    for item in s.split(","):
+        ctx, _, parallel = item.strip().partition("x")
+        if not ctx.isdigit() or not parallel.isdigit() or int(parallel) == 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: want CTXxPARALLEL, e.g. 16384x4")
+        out.append((int(ctx), int(parallel)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", type=Path, help="GGUF files (default: the quantize_models.py set)")
+    ap.add_argument("--models", dest="glob", default="*", help="only files whose name matches (e.g. 'qwen2-*Q4_K_M*')")
+    ap.add_argument("--settings", type=parse_settings, default=SETTINGS,
+                    help="CTXxPARALLEL,... (default: 4096x1,16384x4,32768x8)")
+    ap.add_argument("--modelserve", default=str(ROOT / "target/release/modelserve"))
+    ap.add_argument("--server", help="llama-server binary (default: testbed/build-llama-server.sh)")
+    ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "bench-memory",
+                    help="where the llama-server logs are kept (default: %(default)s)")
+    args = ap.parse_args()
+
+    models = [m for m in (args.models or default_models()) if fnmatch.fnmatch(m.name, args.glob)]
+    if not models:
+        sys.exit(f"bench_memory: no model matches {args.glob!r}")
+    if not Path(args.modelserve).is_file():
+        sys.exit(f"bench_memory: no {args.modelserve}; cargo build --release, or pass --modelserve")
+    server = args.server or subprocess.run(["bash", str(HERE / "build-llama-server.sh")], check=True,
+                                           stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+    args.logs.mkdir(parents=True, exist_ok=True)
+    key_file = args.logs / "api-key"
+    key_file.write_text(KEY + "\n")
+    estimate = Estimator(args.modelserve)
+
+    est_hdr = " ".join(f"{h[:8]:>8}" for h in EST_FIELDS)
+    log_hdr = " ".join(f"{h:>8}" for h in LOG_FIELDS)
+    name_w = max(len(m.name) for m in models)
+    print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; peak: VmHWM after one completion")
+    print(f"{'model':<{name_w}} {'GiB':>5} {'ctx':>6} {'np':>3} | {est_hdr} | {log_hdr} | {'peak':>8} {'ratio':>6} flags",
+          flush=True)
+    rows, failing = 0, {"under": [], "over": [], "kv": [], "error": []}
+    ratios: list[tuple[float, str]] = []
     for model in models:
-        for ctx, parallel in SETTINGS:
-            e = estimate(modelserve, model, ctx, parallel)
-            m = measure(server, model, ctx, parallel)
-            name = model.rsplit("/", 1)[-1][:28]
-            kv, st, comp = e["kv"] / MIB, e["recurrent"] / MIB, e["compute"] / MIB
-            print(f"{name:<28} {ctx:>6} {parallel:>3} | {kv:>9.2f} {m['kv']:>9.2f} | {st:>9.2f} {m['recurrent']:>9.2f} | "
-                  f"{comp:>8.2f} {m['compute']:>8.2f} {comp / m['compute'] if m['compute'] else 0:>7.3f} | "
-                  f"{e['total'] / MIB:>9.1f} {m['peak_rss'] / MIB:>9.1f} {e['total'] / m['peak_rss']:>6.3f}", flush=True)
+        size = model.stat().st_size
+        limit = 1.10 if size >= GIB else 1.25
+        for ctx, parallel in args.settings:
+            rows += 1
+            label = f"{model.name:<{name_w}} {size / GIB:>5.2f} {ctx:>6} {parallel:>3}"
+            row_id = f"{model.name} {ctx}x{parallel}"
+            try:
+                e = estimate(model, ctx, parallel)
+                m = measure(server, model, ctx, parallel, args.logs / f"{model.stem}-{ctx}x{parallel}.log",
+                            str(key_file))
+            except (RuntimeError, OSError, ValueError) as err:
+                failing["error"].append(row_id)
+                print(f"{label} | error: {err}", flush=True)
+                continue
+            est = {k: mib(e.get(k)) for k in EST_FIELDS}
+            flags = []
+            total, peak = est["total"], m["peak"] / MIB
+            ratio = total / peak if total is not None else None
+            if ratio is not None:
+                ratios.append((ratio, row_id))
+            if ratio is None or ratio < 1.0:
+                flags.append("under")
+                failing["under"].append(row_id)
+            elif ratio > limit:
+                flags.append("over")
+                failing["over"].append(row_id)
+            # A model without recurrent layers logs no RS buffer; an estimate without the field is 0 then.
+            recurrent = est["recurrent"] if est["recurrent"] is not None or m["rs_lines"] else 0.0
+            if not (same(est["kv"], m["kv"], m["kv_lines"]) and same(recurrent, m["rs"], m["rs_lines"])):
+                flags.append("kv")
+                failing["kv"].append(row_id)
+            others = {b: v for b, v in m["model_buffers"].items() if b not in ("CPU_Mapped", "CPU_REPACK")}
+            if others:  # anything but the mapped file and the repack, e.g. an AMX or a plain CPU copy
+                flags.append("model:" + ",".join(f"{b}={v:.1f}" for b, v in others.items()))
+            print(f"{label} | {' '.join(cell(est[k]) for k in EST_FIELDS)} | "
+                  f"{' '.join(cell(m[k]) for k in LOG_FIELDS)} | {peak:>8.1f} "
+                  f"{'-' if ratio is None else f'{ratio:.3f}':>6} {' '.join(flags)}", flush=True)
+
+    ratios.sort()
+    worst = (f"lowest ratio {ratios[0][0]:.3f} ({ratios[0][1]}), highest {ratios[-1][0]:.3f} ({ratios[-1][1]})"
+             if ratios else "no ratios")
+    print(f"# {rows} rows; under peak: {len(failing['under'])}; over the margin: {len(failing['over'])}; "
+          f"KV/state not exact: {len(failing['kv'])}; errors: {len(failing['error'])}; {worst}", flush=True)
 
 
 if __name__ == "__main__":

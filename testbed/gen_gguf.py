@@ -8,9 +8,15 @@ src/models/<arch>.cpp), and the names come from the gguf-py package shipped
 in the same sdist, so a llama.cpp bump that renames something fails here
 instead of in a cluster test.
 
-    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large]
+    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large|bench] [--vocab NAME]
 
 Prints one line per file written: "<path> <arch> <size in bytes>".
+
+By default the files carry a toy byte-level BPE vocab of a few hundred tokens. --vocab NAME
+copies the real tokenizer of the sdist's models/ggml-vocab-NAME.gguf instead (llama-spm,
+llama-bpe, qwen2, gemma-4, phi-3, gpt-neox, command-r, ...), and token_embd/output take its
+size: a 262k vocabulary is what makes the output buffer and the logits of a real model big.
+--size bench gives the shapes testbed/quantize_models.py quantizes for bench_memory.py.
 
 The sdist directory comes from $MODELSERVE_LLAMA_SDIST, or --sdist, or by
 running llama-sdist.sh next to this script (which downloads it once).
@@ -121,6 +127,9 @@ class Vocab:
     bos: int
     eos: int
     pad: int
+    # A real tokenizer's tokenizer.* keys as (key, value, type, array element type), in file
+    # order; None for the toy vocab, whose keys common_meta writes itself.
+    copied: list[tuple[str, Any, Any, Any]] | None = None
 
 
 def build_vocab(gguf: Any) -> Vocab:
@@ -141,6 +150,39 @@ def build_vocab(gguf: Any) -> Vocab:
     types += [int(gguf.TokenType.CONTROL)] * len(SPECIALS)
     assert len(set(tokens)) == len(tokens), "duplicate token text (llama.cpp asserts on this)"
     return Vocab(tokens, types, merges, bos=first_special, eos=first_special + 2, pad=first_special)
+
+
+def vocab_names(sdist: Path) -> list[str]:
+    return sorted(f.name[len("ggml-vocab-"):-len(".gguf")]
+                  for f in (sdist / "vendor/llama.cpp/models").glob("ggml-vocab-*.gguf"))
+
+
+def read_vocab(gguf: Any, sdist: Path, name: str) -> Vocab:
+    """Every tokenizer.* key of models/ggml-vocab-NAME.gguf, as llama.cpp's tests ship it.
+
+    These files are the real tokenizers of their model families without the weights, so a
+    model written with one tokenizes (and sizes its vocab-bound buffers) like the real thing.
+    """
+    path = sdist / "vendor/llama.cpp/models" / f"ggml-vocab-{name}.gguf"
+    if not path.is_file():
+        die(f"no vocab {name!r}: {path} is missing; known: {', '.join(vocab_names(sdist))}")
+    r = gguf.GGUFReader(path)
+    copied = []
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        sub = f.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        if sub == gguf.GGUFValueType.ARRAY:
+            die(f"{path}: {key} is a nested array, which this copy does not handle")
+        copied.append((key, f.contents(), vtype, sub))
+    keys = {k: v for k, v, _, _ in copied}
+    tokens = keys.get("tokenizer.ggml.tokens")
+    if not tokens:
+        die(f"{path} has no tokenizer.ggml.tokens")
+    return Vocab(tokens, keys.get("tokenizer.ggml.token_type", []), keys.get("tokenizer.ggml.merges", []),
+                 bos=keys.get("tokenizer.ggml.bos_token_id", -1), eos=keys.get("tokenizer.ggml.eos_token_id", -1),
+                 pad=keys.get("tokenizer.ggml.padding_token_id", -1), copied=copied)
 
 
 # --------------------------------------------------------------------------
@@ -213,6 +255,14 @@ def common_meta(p: Plan, c: dict, vocab: Vocab, pre: str, add_bos: bool) -> None
         w.add_embedding_length(c["n_embd"])
         w.add_block_count(c["n_layer"])
         w.add_layer_norm_rms_eps(c.get("eps", 1e-6))
+        if vocab.copied is not None:
+            for key, value, vtype, sub in vocab.copied:
+                w.add_key_value(key, value, vtype, sub)
+            if not any(k == g.Keys.Tokenizer.CHAT_TEMPLATE for k, *_ in vocab.copied):
+                # Without ChatML tokens in the vocab the markers are tokenized as plain text,
+                # which is all a chat completion against random weights needs.
+                w.add_chat_template(CHAT_TEMPLATE)
+            return
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre(pre)
         w.add_token_list(vocab.tokens)
@@ -228,6 +278,7 @@ def common_meta(p: Plan, c: dict, vocab: Vocab, pre: str, add_bos: bool) -> None
 
 def embed_and_head(p: Plan, c: dict, n_vocab: int, tied: bool = False) -> None:
     T = p.gguf.MODEL_TENSOR
+    tied = c.get("tied", tied)
     p.t(T.TOKEN_EMBD, (c["n_embd"], n_vocab))
     p.t(T.OUTPUT_NORM, (c["n_embd"],))
     if not tied:  # without output.weight, llama.cpp reuses token_embd (tied embeddings)
@@ -564,6 +615,35 @@ ARCHS: dict[str, tuple[Callable[[Plan, dict, Vocab], None], dict, dict]] = {
              dict(ctx=4096, n_embd=3072, n_head=32, n_head_kv=32, n_ff=8192, n_layer=6, eps=1e-5)),
 }
 
+# Shapes for the memory benchmark (testbed/quantize_models.py). llama, qwen2 and gemma3 are
+# big enough to stay >= 1 GiB after Q4_K_M (about 3.5 GiB in F16), where the estimate has to
+# be within 10% of the peak RSS; the rest are a few hundred MB, mostly vocabulary, to keep
+# quantizing and serving them quick. Widths follow real checkpoints where that is cheap: phi3
+# is 896 wide like Qwen2.5-0.5B, which is no multiple of 256, so llama-quantize has to fall
+# back from the k-quants on nearly every matrix of it (and deepseek2's attn_k_b, 128 wide).
+BENCH: dict[str, dict] = {
+    # a Llama-2-style 2B: SPM vocab, GQA 20/4, untied
+    "llama": dict(ctx=4096, n_embd=2560, n_head=20, n_head_kv=4, n_ff=6912, n_layer=26, eps=1e-5),
+    # Qwen2.5-1.5B with 30 layers and an untied output (the real one ties it, and is < 1 GiB at Q4_K_M)
+    "qwen2": dict(ctx=32768, n_embd=1536, n_head=12, n_head_kv=2, n_ff=8960, n_layer=30, tied=False),
+    "qwen3moe": dict(ctx=40960, n_embd=512, n_head=8, n_head_kv=4, head_dim=128, n_ff=1536,
+                     n_ff_exp=256, n_expert=16, n_expert_used=4, n_layer=4),
+    # Gemma-2-2B widths with 16 layers: 262k tied vocab, 2 of the 16 layers global
+    "gemma3": dict(ctx=32768, n_embd=2304, n_head=8, n_head_kv=4, head_dim=256, n_ff=9216, n_layer=16,
+                   swa=1024),
+    "deepseek2": dict(ctx=163840, n_embd=768, n_head=8, q_lora=512, kv_lora=512, qk_rope=64, qk_nope=128,
+                      v_head=128, n_ff=2816, n_dense=1, n_expert=8, n_expert_used=4, n_group=4,
+                      n_group_used=2, n_ff_exp=512, n_shared=1, n_layer=4),
+    # mamba2-130m widths with 8 layers, tied like it
+    "mamba2": dict(ctx=1 << 20, n_embd=768, n_layer=8, eps=1e-5, tied=True,
+                   d_inner=1536, d_state=128, n_group=1, ssm_heads=24, d_conv=4),
+    "granitehybrid": dict(ctx=1 << 20, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_layer=8,
+                          attn_layers=(3, 7), eps=1e-5, d_inner=1536, d_state=128, n_group=1,
+                          ssm_heads=24, d_conv=4),
+    "phi3": dict(ctx=4096, n_embd=896, n_head=14, n_head_kv=14, n_ff=4864, n_layer=4, eps=1e-5),
+}
+assert BENCH.keys() == ARCHS.keys()
+
 
 # --------------------------------------------------------------------------
 # Writing
@@ -614,25 +694,32 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", action="extend", nargs="+", choices=sorted(ARCHS), metavar="NAME",
                     help=f"architectures to write (default: all of {', '.join(ARCHS)})")
-    ap.add_argument("--size", choices=("tiny", "large"), default="tiny",
-                    help="tiny: well under 1 MiB each; large: >= 1 GiB of weights each")
+    ap.add_argument("--size", choices=("tiny", "large", "bench"), default="tiny",
+                    help="tiny: well under 1 MiB each; large: >= 1 GiB of weights each; "
+                         "bench: the benchmark shapes (see BENCH)")
+    ap.add_argument("--vocab", metavar="NAME",
+                    help="copy the tokenizer of the sdist's models/ggml-vocab-NAME.gguf "
+                         "(default: a toy BPE vocab of a few hundred tokens)")
     ap.add_argument("--dtype", choices=("f16", "f32"), default="f16", help="type of the matmul weights")
     ap.add_argument("--sdist", help="unpacked llama-cpp-python sdist (default: run llama-sdist.sh)")
     args = ap.parse_args()
 
-    gguf = import_gguf(sdist_dir(args.sdist))
-    vocab = build_vocab(gguf)
+    sdist = sdist_dir(args.sdist)
+    gguf = import_gguf(sdist)
+    vocab = read_vocab(gguf, sdist, args.vocab) if args.vocab else build_vocab(gguf)
     f16 = args.dtype == "f16"
     args.out_dir.mkdir(parents=True, exist_ok=True)
 
     for arch in dict.fromkeys(args.arch or ARCHS):  # keep order, drop repeats
         build, tiny, large = ARCHS[arch]
-        c = dict(tiny if args.size == "tiny" else large, size=args.size)
+        c = dict({"tiny": tiny, "large": large, "bench": BENCH[arch]}[args.size], size=args.size)
         plan = Plan(gguf, arch)
         build(plan, c, vocab)
         if args.size == "large" and plan.weight_bytes(f16) < GIB:
             die(f"{arch}: large dimensions give only {plan.weight_bytes(f16)} bytes of weights (< 1 GiB)")
-        path = args.out_dir / f"{arch}-{args.size}-{args.dtype}.gguf"
+        # The toy vocab keeps the names the tests know; a real one is part of the name.
+        vocab_part = f"-{args.vocab}" if args.vocab else ""
+        path = args.out_dir / f"{arch}-{args.size}{vocab_part}-{args.dtype}.gguf"
         # A per-arch seed keeps each file identical run to run, whichever --arch subset is chosen.
         size = write_file(gguf, plan, path, f16, seed=zlib.crc32(f"{arch}-{args.size}".encode()))
         print(f"{path} {arch} {size}", flush=True)
