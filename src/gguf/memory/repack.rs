@@ -124,7 +124,7 @@ impl Tiers {
     /// The tiers, for request keys and messages: "avx2" or "avx2|amx".
     pub fn key(self) -> String {
         self.iter()
-            .map(|t| <&'static str>::from(t))
+            .map(<&'static str>::from)
             .collect::<Vec<_>>()
             .join("|")
     }
