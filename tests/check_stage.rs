@@ -250,9 +250,9 @@ async fn html_or_truncated_bytes_are_invalid_gguf_with_the_cause() {
     );
 }
 
-/// A Q4_0 model: the nodes carry no CPU feature labels, so Check counts the largest CPU repack
-/// the engine can make (the test bed's engine is built for AVX2: every Q4_0 matmul weight with
-/// rows a multiple of 8), says so in the basis, and the memory includes it.
+/// A Q4_K model: the nodes carry no CPU feature labels, so Check counts the largest CPU repack
+/// the engine can make (the test bed's engine is built for AVX2: every Q4_K matmul weight with
+/// rows a multiple of 8, token_embd aside), says so in the basis, and the memory includes it.
 #[tokio::test]
 async fn a_quantized_model_counts_the_cpu_repack_and_the_basis_names_every_part() {
     let tb = Testbed::get();
@@ -260,12 +260,12 @@ async fn a_quantized_model_counts_the_cpu_repack_and_the_basis_names_every_part(
     let ns = tb.namespace("repack");
     let hub = FakeHub::start().await;
     let model = Dense {
-        weight_type: 2, // Q4_0
+        weight_type: 12, // Q4_K
         ..Dense::tiny("llama")
     };
     hub.add_repo(
         "acme/Quant-GGUF",
-        vec![HubFile::with_bytes("quant-Q4_0.gguf", model.gguf())],
+        vec![HubFile::with_bytes("quant-Q4_K_M.gguf", model.gguf())],
     );
     let op = Operator::start(&tb, &ns.name, &hub.url);
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
@@ -274,9 +274,9 @@ async fn a_quantized_model_counts_the_cpu_repack_and_the_basis_names_every_part(
     let c = s.check.clone().unwrap();
     let basis = c.basis.unwrap_or_default();
     // 2 layers x (q, o: 256x256; k, v: 256x128; gate, up, down: 256x512) + output 256x512, at
-    // 18 bytes per 32 weights.
-    let per_layer = (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) / 32 * 18;
-    let repacked = 2 * per_layer + 256 * 512 / 32 * 18;
+    // 144 bytes per 256 weights.
+    let per_layer = (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) / 256 * 144;
+    let repacked = 2 * per_layer + 256 * 512 / 256 * 144;
     let kib = repacked as f64 / 1024.0;
     assert!(
         basis.contains(&format!("CPU repack {kib:.1} KiB (15 tensors, x86 AVX2; the largest of none|avx2, as the nodes' CPU features are not known)")),
