@@ -101,15 +101,28 @@ pub fn template_digest(mut t: k8s_openapi::api::core::v1::PodTemplateSpec) -> Op
     Some(crate::units::digest(text.as_bytes()))
 }
 
-/// Replaces a cached ReplicaSet's pod template by its digest.
+/// Keeps of a cached ReplicaSet what Place reads: its name, owner, creation time, revision,
+/// model label, and its pod template as a digest (the template is as large as the
+/// Deployment's).
 pub fn slim_replica_set(rs: &mut ReplicaSet) {
-    let Some(template) = rs.spec.as_mut().and_then(|s| s.template.take()) else {
-        return;
-    };
-    if let Some(d) = template_digest(template) {
-        rs.annotations_mut().insert(TEMPLATE_DIGEST.into(), d);
+    let digest = rs
+        .spec
+        .take()
+        .and_then(|s| s.template)
+        .and_then(template_digest);
+    let meta = &mut rs.metadata;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| k == crate::names::MODEL_LABEL);
     }
+    let annotations = meta.annotations.get_or_insert_default();
+    annotations.retain(|k, _| k == REVISION);
+    if let Some(d) = digest {
+        annotations.insert(TEMPLATE_DIGEST.into(), d);
+    }
+    rs.status = None;
 }
+
+const REVISION: &str = "deployment.kubernetes.io/revision";
 
 fn controlled_by(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
     owner_uid.is_some_and(|uid| {
@@ -122,7 +135,7 @@ fn controlled_by(meta: &ObjectMeta, owner_uid: Option<&str>) -> bool {
 
 fn revision(rs: &ReplicaSet) -> i64 {
     rs.annotations()
-        .get("deployment.kubernetes.io/revision")
+        .get(REVISION)
         .and_then(|r| r.parse().ok())
         .unwrap_or(0)
 }
@@ -195,5 +208,55 @@ mod tests {
         let (pods, _) = current_pods(&observed);
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0].name_any(), "m-a");
+    }
+
+    #[test]
+    fn a_slimmed_replica_set_still_tells_whether_it_runs_the_current_template() {
+        let template = json!({"metadata": {"labels": {"modelserve.dev/model": "m"}},
+            "spec": {"containers": [{"name": "llama-server", "image": "i"}]}});
+        let mut d = deployment();
+        d.spec.as_mut().unwrap().template = serde_json::from_value(template.clone()).unwrap();
+        let mut rs = replica_set("rs1", "3");
+        let mut with_hash = template.clone();
+        with_hash["metadata"]["labels"]["pod-template-hash"] = json!("abc");
+        rs.spec =
+            Some(serde_json::from_value(json!({"selector": {}, "template": with_hash})).unwrap());
+        rs.metadata.labels = Some(
+            [
+                ("modelserve.dev/model".to_string(), "m".to_string()),
+                ("pod-template-hash".to_string(), "abc".to_string()),
+            ]
+            .into(),
+        );
+        let full = Observed {
+            deployment: Some(d.clone()),
+            replica_sets: vec![rs.clone()],
+            pods: vec![],
+        };
+        assert!(template_current(&full));
+        slim_replica_set(&mut rs);
+        assert!(rs.spec.is_none());
+        assert_eq!(rs.labels().len(), 1, "only the model label stays");
+        assert_eq!(revision(&rs), 3);
+        let mut slim = Observed {
+            deployment: Some(d.clone()),
+            replica_sets: vec![rs],
+            pods: vec![],
+        };
+        assert!(template_current(&slim));
+        // A new template in the Deployment: the old ReplicaSet no longer runs it.
+        slim.deployment
+            .as_mut()
+            .unwrap()
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0]
+            .image = Some("j".into());
+        assert!(!template_current(&slim));
     }
 }
