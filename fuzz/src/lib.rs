@@ -36,6 +36,8 @@ fn settings(data: &[u8]) -> (Flags, bool) {
         parallel: le(8, 2),
         ubatch: le(10, 2),
         build: u32::try_from(le(12, 2)).unwrap_or(u32::MAX),
+        // Every CPU tier: the repack is counted for each, the most work an estimate does.
+        cpu: memory::repack::Tiers::ANY,
     };
     (flags, le(14, 1) & 1 == 1)
 }
