@@ -52,7 +52,10 @@ impl Watches {
                 slim(d);
                 crate::pipeline::cache::compact_deployment(d);
             });
-        let (services, service_events) = owned(client, namespace, managed(), slim);
+        let (services, service_events) = owned(client, namespace, managed(), |s: &mut Service| {
+            slim(s);
+            crate::pipeline::cache::compact_service(s);
+        });
         let (secrets, secret_events) = owned(client, namespace, managed(), slim);
         let (pods, pod_events) = owned(client, namespace, managed(), slim);
         // A ReplicaSet's template is as large as its Deployment's: the cache keeps a digest.

@@ -12,7 +12,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::names::MODEL_LABEL;
 
-/// Where a cached Deployment keeps its pod template, as JSON
+/// Where a cached Deployment keeps its pod template (and a cached Service its spec), as JSON
 /// text: the template's structs take about 14 KB in memory against 3 KB of text, and it is read
 /// only when its model reconciles.
 pub const CACHED_TEMPLATE: &str = "modelserve.dev/cached-template";
@@ -29,6 +29,21 @@ pub fn compact_deployment(d: &mut Deployment) {
                 .insert(CACHED_TEMPLATE.into(), text);
         }
         Err(_) => spec.template = template,
+    }
+}
+
+/// Replaces a Service's spec by its JSON text in an annotation (for the cache): 0.7 KB less in
+/// memory for each.
+pub fn compact_service(s: &mut Service) {
+    let Some(spec) = s.spec.take() else { return };
+    match serde_json::to_string(&spec) {
+        Ok(text) => {
+            s.meta_mut()
+                .annotations
+                .get_or_insert_default()
+                .insert(CACHED_TEMPLATE.into(), text);
+        }
+        Err(_) => s.spec = Some(spec),
     }
 }
 
@@ -93,8 +108,10 @@ impl Cache {
         Some(inflate_deployment(cached))
     }
 
+    /// The Service as the API server has it (its spec restored, see [`compact_service`]).
     pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
-        self.services.get(&ObjectRef::new(name).within(namespace))
+        let cached = self.services.get(&ObjectRef::new(name).within(namespace))?;
+        Some(inflate(cached, |s: &mut Service, spec| s.spec = Some(spec)))
     }
 
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
@@ -279,5 +296,23 @@ mod tests {
         }
         .cache();
         assert_eq!(*cache.deployment("a", "m").unwrap(), d);
+    }
+
+    #[test]
+    fn a_compacted_service_comes_back_as_the_api_server_had_it() {
+        let svc: Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "m", "namespace": "a"},
+            "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": "m"}}
+        }))
+        .unwrap();
+        let mut compacted = svc.clone();
+        compact_service(&mut compacted);
+        assert!(compacted.spec.is_none());
+        let cache = Objects {
+            services: vec![compacted],
+            ..Default::default()
+        }
+        .cache();
+        assert_eq!(*cache.service("a", "m").unwrap(), svc);
     }
 }
