@@ -19,16 +19,11 @@ pub const CACHED_TEMPLATE: &str = "modelserve.dev/cached-template";
 
 /// Replaces a Deployment's pod template by its JSON text in an annotation (for the cache).
 pub fn compact_deployment(d: &mut Deployment) {
-    let Some(spec) = d.spec.as_mut() else { return };
-    let template = std::mem::take(&mut spec.template);
-    match serde_json::to_string(&template) {
-        Ok(text) => {
-            d.meta_mut()
-                .annotations
-                .get_or_insert_default()
-                .insert(CACHED_TEMPLATE.into(), text);
-        }
-        Err(_) => spec.template = template,
+    let Some(template) = d.spec.as_mut().map(|s| std::mem::take(&mut s.template)) else {
+        return;
+    };
+    if let (Some(back), Some(spec)) = (stash(d, template), d.spec.as_mut()) {
+        spec.template = back;
     }
 }
 
@@ -36,14 +31,21 @@ pub fn compact_deployment(d: &mut Deployment) {
 /// memory for each.
 pub fn compact_service(s: &mut Service) {
     let Some(spec) = s.spec.take() else { return };
-    match serde_json::to_string(&spec) {
+    s.spec = stash(s, spec);
+}
+
+/// Puts `part`'s JSON text in the object's [`CACHED_TEMPLATE`] annotation; gives the part back
+/// when it cannot be written as text.
+fn stash<K: Resource, P: serde::Serialize>(o: &mut K, part: P) -> Option<P> {
+    match serde_json::to_string(&part) {
         Ok(text) => {
-            s.meta_mut()
+            o.meta_mut()
                 .annotations
                 .get_or_insert_default()
                 .insert(CACHED_TEMPLATE.into(), text);
+            None
         }
-        Err(_) => s.spec = Some(spec),
+        Err(_) => Some(part),
     }
 }
 
