@@ -4,6 +4,7 @@
 pub mod events;
 pub mod reconcile;
 pub mod watches;
+mod written;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -57,6 +58,8 @@ pub struct Context {
     pub resync: Duration,
     /// Transient failures in a row, per object, for the backoff; reset on a reconcile without one.
     attempts: Mutex<HashMap<ObjectRef<ModelServe>, u32>>,
+    /// Status writes the cache does not show yet, so they are not sent twice.
+    pub written: written::Written,
 }
 
 impl Context {
@@ -144,6 +147,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
         watchdog,
         resync: config.resync,
         attempts: Mutex::default(),
+        written: Default::default(),
     });
     info!(concurrency = config.concurrency, "controller started");
     let controller = watches

@@ -52,8 +52,9 @@ async fn reconcile_inner(ms: &ModelServe, ctx: &Context) -> Result<Action, Error
     let mut report = pipeline::run(&ctx.env, ms, &mut status).await;
     let retry = retry_after(ctx, ms, &mut report);
     let (status, transitions) = next_status(status, &report, ms, ctx.env.clock.as_ref());
-    if status != old {
+    if status != old && !ctx.written.already_sent(ms, &status) {
         write_status(ctx, ms, &status).await?;
+        ctx.written.sent(ms, &status);
     }
     for t in &transitions {
         if t.to == Status::True {
