@@ -40,7 +40,10 @@ impl Watches {
         let (models, writer) = reflector::store();
         let model_events = watcher(api::<ModelServe>(client, namespace), Default::default())
             .default_backoff()
-            .modify(slim)
+            .modify(|ms: &mut ModelServe| {
+                slim(ms);
+                crate::pipeline::cache::compact_model(ms);
+            })
             .reflect(writer)
             .applied_objects()
             // Only a new generation (a spec change, or a new object) wakes a ModelServe: its own
