@@ -54,7 +54,9 @@ pub fn compact_model(ms: &mut ModelServe) {
 
 /// The ModelServe with the status that [`compact_model`] put aside.
 pub fn inflate_model(cached: Arc<ModelServe>) -> Arc<ModelServe> {
-    inflate(cached, |ms: &mut ModelServe, status| ms.status = Some(status))
+    inflate(cached, |ms: &mut ModelServe, status| {
+        ms.status = Some(status)
+    })
 }
 
 /// Puts `part`'s JSON text in the object's [`CACHED_TEMPLATE`] annotation; gives the part back

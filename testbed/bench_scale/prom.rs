@@ -1,10 +1,13 @@
 //! Request counters from Prometheus text: the operator's `modelserve_kube_requests_total` and the
-//! API server's `apiserver_request_total`, split into reads and writes by their verb label.
+//! API server's `apiserver_request_total`, split by their verb label into reads (get, list),
+//! watch requests (a watch is held open and renewed when it times out, however many objects it
+//! carries) and writes.
 
 /// Requests counted so far, split by what they do.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Requests {
     pub reads: f64,
+    pub watches: f64,
     pub writes: f64,
 }
 
@@ -14,15 +17,23 @@ impl Requests {
         let rate = |a: f64, b: f64| (b - a).max(0.0) * 60.0 / secs.max(1e-9);
         Requests {
             reads: rate(self.reads, later.reads),
+            watches: rate(self.watches, later.watches),
             writes: rate(self.writes, later.writes),
         }
     }
 }
 
-/// A verb that only reads: get, list, watch (any case, as both the API server and a client
-/// layer may spell it).
+/// A verb that reads once: get, list (any case, as both the API server and a client layer may
+/// spell it).
 fn is_read(verb: &str) -> bool {
-    ["get", "list", "watch", "watchlist", "head"]
+    ["get", "list", "head"]
+        .iter()
+        .any(|v| verb.eq_ignore_ascii_case(v))
+}
+
+/// A verb that opens a watch.
+fn is_watch(verb: &str) -> bool {
+    ["watch", "watchlist"]
         .iter()
         .any(|v| verb.eq_ignore_ascii_case(v))
 }
@@ -104,8 +115,11 @@ pub fn requests(all: &[Sample], metric: &str, keep: impl Fn(&Sample) -> bool) ->
     let mut r = Requests::default();
     for s in all.iter().filter(|s| s.name == metric && keep(s)) {
         found = true;
-        if s.label("verb").is_some_and(is_read) {
+        let verb = s.label("verb").unwrap_or_default();
+        if is_read(verb) {
             r.reads += s.value;
+        } else if is_watch(verb) {
+            r.watches += s.value;
         } else {
             r.writes += s.value;
         }
@@ -135,7 +149,8 @@ apiserver_request_duration_seconds_bucket{le="0.1",verb="GET"} 99
         assert_eq!(
             all,
             Requests {
-                reads: 33.0,
+                reads: 30.0,
+                watches: 3.0,
                 writes: 17.0
             }
         );
@@ -146,7 +161,8 @@ apiserver_request_duration_seconds_bucket{le="0.1",verb="GET"} 99
         assert_eq!(
             ours,
             Requests {
-                reads: 3.0,
+                reads: 0.0,
+                watches: 3.0,
                 writes: 12.0
             }
         );
@@ -164,6 +180,7 @@ apiserver_request_duration_seconds_bucket{le="0.1",verb="GET"} 99
             r,
             Requests {
                 reads: 14.0,
+                watches: 0.0,
                 writes: 2.0
             }
         );
@@ -182,16 +199,19 @@ apiserver_request_duration_seconds_bucket{le="0.1",verb="GET"} 99
     fn a_rate_per_minute_never_goes_negative() {
         let a = Requests {
             reads: 10.0,
+            watches: 7.0,
             writes: 5.0,
         };
         let b = Requests {
             reads: 40.0,
+            watches: 14.0,
             writes: 2.0,
         };
         assert_eq!(
             a.per_minute(&b, 30.0),
             Requests {
                 reads: 60.0,
+                watches: 14.0,
                 writes: 0.0
             }
         );

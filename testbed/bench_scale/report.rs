@@ -79,6 +79,7 @@ pub fn table(rows: &[Row]) -> String {
         "RSS peak / settled".into(),
         "idle reads/min".into(),
         "idle writes/min".into(),
+        "idle watch renewals/min".into(),
         "p50".into(),
         "p99".into(),
     ]];
@@ -86,6 +87,7 @@ pub fn table(rows: &[Row]) -> String {
         "models".to_string(),
         "apiserver reads/min".into(),
         "apiserver writes/min".into(),
+        "apiserver watches/min".into(),
         "modelserve.dev reads/min".into(),
         "modelserve.dev writes/min".into(),
     ]];
@@ -100,6 +102,7 @@ pub fn table(rows: &[Row]) -> String {
             format!("{} / {}", mib(r.rss_peak), mib(r.rss_settled)),
             per_min(r.operator_idle, |r| r.reads),
             per_min(r.operator_idle, |r| r.writes),
+            per_min(r.operator_idle, |r| r.watches),
             latency(r, 0.5),
             latency(r, 0.99),
         ]);
@@ -107,6 +110,7 @@ pub fn table(rows: &[Row]) -> String {
             r.models.to_string(),
             per_min(r.apiserver_idle, |r| r.reads),
             per_min(r.apiserver_idle, |r| r.writes),
+            per_min(r.apiserver_idle, |r| r.watches),
             per_min(r.apiserver_ours_idle, |r| r.reads),
             per_min(r.apiserver_ours_idle, |r| r.writes),
         ]);
@@ -115,7 +119,8 @@ pub fn table(rows: &[Row]) -> String {
     let mut out = String::from("\n");
     out += &modelserve::cli::status::table(&main);
     out += "\nGoals: 10,000 all OnDemand < 10 min; RSS < 250 MiB; 0 reads and 0 writes per minute idle; p99 < 1 s.\n";
-    out += "idle reads/writes: the operator's modelserve_kube_requests_total (n/a: it does not export it).\n";
+    out += "idle reads/writes: the operator's modelserve_kube_requests_total (n/a: it does not export it); reads are get and list.\n";
+    out += "idle watch renewals: its watches (one per kind it caches, whatever the number of models) reopened when the API server ends them, every 290 s each.\n";
     if missed > 0 {
         out += &format!("{missed} change(s) not observed within 30 s count as slower than any.\n");
     }
@@ -157,6 +162,7 @@ mod tests {
         r.rss_settled = Some(150 << 20);
         r.operator_idle = Some(Requests {
             reads: 0.0,
+            watches: 0.0,
             writes: 0.0,
         });
         let mut t = row(&[], 0);
