@@ -32,7 +32,6 @@ pub async fn reconcile(ms: Arc<ModelServe>, ctx: Arc<Context>) -> Result<Action,
     let started = Instant::now();
     // Decide from the whole picture: the first reconciles wait for the caches to list once.
     ctx.env.cache.wait_until_synced().await;
-    let ms = crate::pipeline::cache::inflate_model(ms);
     let result = reconcile_inner(&ms, &ctx).instrument(span).await;
     ctx.metrics
         .reconcile_seconds

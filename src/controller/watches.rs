@@ -40,10 +40,7 @@ impl Watches {
         let (models, writer) = reflector::store();
         let model_events = watcher(api::<ModelServe>(client, namespace), Default::default())
             .default_backoff()
-            .modify(|ms: &mut ModelServe| {
-                slim(ms);
-                crate::pipeline::cache::compact_model(ms);
-            })
+            .modify(slim)
             .reflect(writer)
             .applied_objects()
             // Only a new generation (a spec change, or a new object) wakes a ModelServe: its own

@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use crate::api::{ModelServe, ModelServeStatus};
 use crate::names::MODEL_LABEL;
 
 /// Where a cached Deployment keeps its pod template (and a cached Service its spec), as JSON
@@ -33,30 +32,6 @@ pub fn compact_deployment(d: &mut Deployment) {
 pub fn compact_service(s: &mut Service) {
     let Some(spec) = s.spec.take() else { return };
     s.spec = stash(s, spec);
-}
-
-/// Replaces a ModelServe's status by its JSON text in an annotation (for the controller's
-/// cache), keeping only its stage in place for the models-per-stage gauge: the status's
-/// conditions, files and estimate take about twice as much memory as structs as their text.
-pub fn compact_model(ms: &mut ModelServe) {
-    let Some(status) = ms.status.take() else {
-        return;
-    };
-    let stage = status.stage.clone();
-    ms.status = match stash(ms, status) {
-        Some(back) => Some(back),
-        None => Some(ModelServeStatus {
-            stage,
-            ..Default::default()
-        }),
-    };
-}
-
-/// The ModelServe with the status that [`compact_model`] put aside.
-pub fn inflate_model(cached: Arc<ModelServe>) -> Arc<ModelServe> {
-    inflate(cached, |ms: &mut ModelServe, status| {
-        ms.status = Some(status)
-    })
 }
 
 /// Puts `part`'s JSON text in the object's [`CACHED_TEMPLATE`] annotation; gives the part back
@@ -323,31 +298,6 @@ mod tests {
         }
         .cache();
         assert_eq!(*cache.deployment("a", "m").unwrap(), d);
-    }
-
-    #[test]
-    fn a_compacted_model_keeps_its_stage_and_comes_back_with_its_whole_status() {
-        let ms: ModelServe = serde_json::from_value(serde_json::json!({
-            "apiVersion": "modelserve.dev/v1alpha1", "kind": "ModelServe",
-            "metadata": {"name": "m", "namespace": "a", "resourceVersion": "7"},
-            "spec": {"repo": "a/b"},
-            "status": {"stage": "Ready", "ready": "1/1", "endpoint": "http://m.a:8080",
-                "conditions": [{"type": "Ready", "status": "True", "reason": "Placed",
-                    "message": "m-1 is ready", "lastTransitionTime": "2026-12-01T10:00:00Z"}]}
-        }))
-        .unwrap();
-        let mut compacted = ms.clone();
-        compact_model(&mut compacted);
-        let kept = compacted.status.as_ref().unwrap();
-        assert_eq!(kept.stage.as_deref(), Some("Ready"));
-        assert!(kept.conditions.is_empty() && kept.endpoint.is_none());
-        assert_eq!(*inflate_model(Arc::new(compacted)), ms);
-        // A model without status stays as it is.
-        let mut bare = ms.clone();
-        bare.status = None;
-        let mut compacted = bare.clone();
-        compact_model(&mut compacted);
-        assert_eq!(compacted, bare);
     }
 
     #[test]
