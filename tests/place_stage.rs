@@ -87,7 +87,10 @@ async fn observe(client: &kube::Client, ns: &str, name: &str) -> Result<Observed
         replica_sets: Api::<ReplicaSet>::namespaced(client.clone(), ns)
             .list(&lp)
             .await?
-            .items,
+            .items
+            .into_iter()
+            .map(modelserve::pipeline::place::observe::slim_replica_set)
+            .collect(),
         pods: Api::<Pod>::namespaced(client.clone(), ns)
             .list(&lp)
             .await?

@@ -5,8 +5,8 @@
 //! cache. Owned objects are watched by the operator's own label, and every cached object drops
 //! its managedFields, so the caches hold what the stages read and little else.
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::runtime::controller::Controller;
@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 
 use crate::api::ModelServe;
 use crate::names::{MODEL_LABEL, managed_selector};
-use crate::pipeline::cache::Cache;
+use crate::pipeline::cache::{Cache, Compacted, compact};
+use crate::pipeline::place::observe::{CachedReplicaSet, slim_replica_set};
 
 type Events<K> = BoxStream<'static, Result<K, watcher::Error>>;
 
@@ -26,11 +27,11 @@ pub struct Watches {
     pub models: Store<ModelServe>,
     pub cache: Cache,
     model_events: Events<ModelServe>,
-    deployments: Events<Deployment>,
-    services: Events<Service>,
+    deployments: Events<Compacted<Deployment>>,
+    services: Events<Compacted<Service>>,
     secrets: Events<Secret>,
     pods: Events<Pod>,
-    replica_sets: Events<ReplicaSet>,
+    replica_sets: Events<CachedReplicaSet>,
 }
 
 impl Watches {
@@ -47,23 +48,22 @@ impl Watches {
             // status writes do not, so progress is written at the pace the stages ask for.
             .predicate_filter(predicates::generation, Default::default())
             .boxed();
+        // Deployments and Services are read only when their model reconciles: the cache keeps
+        // their metadata, and the rest as text.
         let (deployments, deployment_events) =
-            owned(client, namespace, managed(), |d: &mut Deployment| {
-                slim(d);
-                crate::pipeline::cache::compact_deployment(d);
-            });
-        let (services, service_events) = owned(client, namespace, managed(), |s: &mut Service| {
-            slim(s);
-            crate::pipeline::cache::compact_service(s);
-        });
+            compacted::<Deployment>(client, namespace, managed());
+        let (services, service_events) = compacted::<Service>(client, namespace, managed());
         let (secrets, secret_events) = owned(client, namespace, managed(), slim);
         let (pods, pod_events) = owned(client, namespace, managed(), slim);
-        // A ReplicaSet's template is as large as its Deployment's: the cache keeps a digest.
-        let (replica_sets, replica_set_events) =
-            owned(client, namespace, managed(), |rs: &mut ReplicaSet| {
-                slim(rs);
-                crate::pipeline::place::observe::slim_replica_set(rs);
-            });
+        // A ReplicaSet's template is as large as its Deployment's: the cache keeps its metadata
+        // with a digest of the template.
+        let (replica_sets, rs_writer) = reflector::store();
+        let replica_set_events = watcher(api::<ReplicaSet>(client, namespace), managed())
+            .default_backoff()
+            .map_ok(|e| slimmed(e, slim_replica_set))
+            .reflect(rs_writer)
+            .touched_objects()
+            .boxed();
 
         let (nodes, node_writer) = reflector::store();
         let node_events = watcher(Api::<Node>::all(client.clone()), Default::default())
@@ -155,6 +155,50 @@ where
         .touched_objects()
         .boxed();
     (store, events)
+}
+
+/// A cache of the operator's objects of one kind kept compacted (see [`Compacted`]), and the
+/// stream of their changes.
+fn compacted<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    config: watcher::Config,
+) -> (Store<Compacted<K>>, Events<Compacted<K>>)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = watcher(api::<K>(client, namespace), config)
+        .default_backoff()
+        .map_ok(|e| {
+            slimmed(e, |mut o: K| {
+                slim(&mut o);
+                compact(o)
+            })
+        })
+        .reflect(writer)
+        .touched_objects()
+        .boxed();
+    (store, events)
+}
+
+/// A watch event with its object turned into the form the cache keeps.
+fn slimmed<A, B>(e: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Event<B> {
+    use watcher::Event;
+    match e {
+        Event::Apply(o) => Event::Apply(f(o)),
+        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::InitDone => Event::InitDone,
+    }
 }
 
 /// Drops what no stage reads from a cached object: managed fields, and the copy of the whole

@@ -274,7 +274,7 @@ mod tests {
         let template = serde_json::json!({"metadata": {"labels": {"modelserve.dev/model": "m"}},
             "spec": {"containers": [{"name": "llama-server", "image": "i"}]}});
         d.spec.as_mut().unwrap().template = serde_json::from_value(template.clone()).unwrap();
-        let mut rs = replica_set("rs1", "1");
+        let mut rs = full_replica_set("rs1", "1");
         let mut rs_template = template;
         rs_template["metadata"]["labels"]["pod-template-hash"] = "6f4bd78f57".into();
         rs.spec = Some(
@@ -283,7 +283,7 @@ mod tests {
         );
         let observed = Observed {
             deployment: Some(d),
-            replica_sets: vec![rs],
+            replica_sets: vec![observe::slim_replica_set(rs)],
             pods: vec![ready],
         };
         let d = decide(

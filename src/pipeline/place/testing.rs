@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
 use super::Limits;
+use super::observe::{CachedReplicaSet, slim_replica_set};
 use super::verdict::{Verdict, verdict};
 
 // Pods as the test bed's scheduler and kwok stages (testbed/kwok/pod-faults.yaml) left them.
@@ -97,7 +98,12 @@ pub fn message(v: &Verdict) -> &str {
     }
 }
 
-pub fn replica_set(name: &str, revision: &str) -> ReplicaSet {
+/// A ReplicaSet of the Deployment `m` as the cache keeps it.
+pub fn replica_set(name: &str, revision: &str) -> CachedReplicaSet {
+    slim_replica_set(full_replica_set(name, revision))
+}
+
+pub fn full_replica_set(name: &str, revision: &str) -> ReplicaSet {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
             "creationTimestamp": "2026-11-29T19:00:00Z",
