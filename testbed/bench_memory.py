@@ -3,7 +3,8 @@
 
 For every model and setting it runs `modelserve estimate`, then starts llama-server with the
 flags the Catalog stage gives the pods (src/pipeline/catalog/args.rs), reads the buffers the
-engine logs at -lv 4, sends one chat completion and reads the peak RSS (VmHWM). One line per
+engine logs at -lv 4, keeps every slot busy at once (one with a prompt that fills a ubatch, so
+the compute buffer is used as far as a prompt can) and reads the peak RSS (VmHWM). One line per
 row as it completes, then a summary. Sizes are MiB.
 
   python3 testbed/bench_memory.py [MODEL.gguf ...] [--models GLOB] [--settings 4096x1,16384x4]
@@ -17,6 +18,7 @@ flagged for breaking:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import fnmatch
 import json
 import os
@@ -35,7 +37,8 @@ MIB = 1 << 20
 GIB = 1 << 30
 SETTINGS = [(4096, 1), (16384, 4), (32768, 8)]  # (--ctx-size, --parallel)
 UBATCH = 512  # crate::pipeline::check::UBATCH, which the Catalog stage passes as --ubatch-size
-EST_FIELDS = ["total", "weights", "repack", "kv", "recurrent", "compute", "output", "vocab", "sampler",
+CTX_CHECKPOINTS = 2  # crate::gguf::memory::CTX_CHECKPOINTS, passed as --ctx-checkpoints
+EST_FIELDS = ["total", "weights", "repack", "kv", "recurrent", "checkpoints", "compute", "output", "vocab", "sampler",
               "work", "graph", "engine"]
 LOG_FIELDS = ["model", "repack", "kv", "rs", "compute", "output"]
 KEY = "bench-memory-key"
@@ -71,7 +74,8 @@ def server_args(server: str, model: Path, ctx: int, parallel: int, port: int, ke
     """The pods' command line (server_args in src/pipeline/catalog/args.rs, at a current build)."""
     return [server, "--model", str(model), "--ctx-size", str(ctx), "--parallel", str(parallel),
             "--ubatch-size", str(UBATCH), "--host", "127.0.0.1", "--port", str(port),
-            "--alias", model.stem, "--metrics", "--cache-ram", "0", "--no-webui",
+            "--alias", model.stem, "--metrics", "--cache-ram", "0", "--ctx-checkpoints", str(CTX_CHECKPOINTS),
+            "--no-webui",
             "--api-key-file", key_file, "-lv", "4"]
 
 
@@ -81,6 +85,28 @@ def request(url: str, body: dict | None = None, timeout: float = 600) -> dict:
                                              "Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.load(r)
+
+
+def long_prompt(url: str) -> list[int]:
+    """UBATCH + 16 token ids, from the server's own tokenizer: a prompt that fills a whole
+    ubatch, so the compute buffer is used as far as any prompt can use it."""
+    text = " ".join(f"item {i} of the inventory, checked and counted." for i in range(UBATCH))
+    tokens = request(f"{url}/tokenize", {"content": text}).get("tokens", [])
+    if len(tokens) < UBATCH + 16:
+        raise RuntimeError(f"the tokenizer gave {len(tokens)} tokens for the long prompt")
+    return tokens[:UBATCH + 16]
+
+
+def load(url: str, parallel: int) -> None:
+    """What a pod at its peak does: every slot busy at once, one of them with a prompt that fills
+    a ubatch, the others with a short chat."""
+    jobs = [(f"{url}/completion", {"prompt": long_prompt(url), "n_predict": 16})]
+    jobs += [(f"{url}/v1/chat/completions",
+              {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 16})
+             for i in range(1, parallel)]
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        for f in [pool.submit(request, u, b) for u, b in jobs]:
+            f.result()
 
 
 def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str) -> dict:
@@ -102,8 +128,7 @@ def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, k
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"llama-server not ready in 900 s; log {log_path}")
                 time.sleep(0.2)
-            request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                    {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16})
+            load(f"http://127.0.0.1:{port}", parallel)
             with open(f"/proc/{p.pid}/status") as s:
                 hwm = next(int(line.split()[1]) * 1024 for line in s if line.startswith("VmHWM:"))
         finally:
@@ -201,7 +226,8 @@ def main() -> None:
     est_hdr = " ".join(f"{h[:8]:>8}" for h in EST_FIELDS)
     log_hdr = " ".join(f"{h:>8}" for h in LOG_FIELDS)
     name_w = max(len(m.name) for m in models)
-    print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; peak: VmHWM after one completion")
+    print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; "
+          f"peak: VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt")
     print(f"{'model':<{name_w}} {'GiB':>5} {'ctx':>6} {'np':>3} | {est_hdr} | {log_hdr} | {'peak':>8} {'ratio':>6} flags",
           flush=True)
     rows, failing = 0, {"under": [], "over": [], "kv": [], "error": []}

@@ -2,7 +2,7 @@
 # Builds one llama.cpp tool (llama-server, llama-quantize, rpc-server, ...) from the sources
 # vendored in the llama-cpp-python sdist (see llama-sdist.sh) into a cache directory keyed by the
 # tool and the sdist version, once; a second run is a no-op. Prints the path of the binary on its
-# last line. About 7 to 13 minutes on 2 cores, most of it ggml.
+# last line. About 7 to 15 minutes on 2 cores, most of it ggml.
 #
 #   testbed/build-llama-tool.sh llama-quantize
 set -euo pipefail
@@ -31,10 +31,21 @@ cmake -S "$sdist/vendor/llama.cpp" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Re
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$build/configure.log" 2>&1 \
   || { cat "$build/configure.log" >&2; fail "cmake configure"; }
-cmake --build "$build" --target "$tool" -j "$(nproc)" >"$build/build.log" 2>&1 \
-  || { tail -50 "$build/build.log" >&2; fail "cmake build of $tool"; }
-mkdir -p "$out"
-cp "$build/bin/$tool" "$out/$tool"
-touch "$out/.complete"
-echo "build-llama-tool: $tool done in $(( $(date +%s) - start ))s" >&2
+# llama-server and llama-quantize share one configuration and all of ggml and libllama: a build
+# of either makes both (the second costs seconds), and each is cached in its own directory.
+targets=("$tool")
+case "$tool" in
+  llama-server | llama-quantize) targets=(llama-server llama-quantize) ;;
+esac
+cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >"$build/build.log" 2>&1 \
+  || { tail -50 "$build/build.log" >&2; fail "cmake build of ${targets[*]}"; }
+cache="$(dirname "$out")"
+for t in "${targets[@]}"; do
+  dir="$cache/${t}-${LLAMA_CPP_PYTHON_VERSION}"
+  if [ "$t" != "$tool" ] && [ -x "$dir/$t" ] && [ -f "$dir/.complete" ]; then continue; fi
+  mkdir -p "$dir"
+  cp "$build/bin/$t" "$dir/$t.tmp" && mv "$dir/$t.tmp" "$dir/$t"
+  touch "$dir/.complete"
+done
+echo "build-llama-tool: ${targets[*]} done in $(( $(date +%s) - start ))s" >&2
 echo "$out/$tool"

@@ -16,10 +16,10 @@ mod tests;
 use super::bounds::{
     BLOCK_COUNT, BoundsError, EMBEDDING, EXPERT_COUNT, EXPERT_FEED_FORWARD, EXPERT_SHARED,
     EXPERT_USED, FEED_FORWARD, FULL_ATTENTION_INTERVAL, HEAD_COUNT, HEAD_COUNT_KV, KDA_HEAD_DIM,
-    KEY_LENGTH, KEY_LENGTH_MLA, KEY_LENGTH_SWA, LEADING_DENSE, MAX_CTX_SIZE, MAX_ESTIMATE,
-    MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SHORTCONV_CACHE, SLIDING_WINDOW,
-    SLIDING_WINDOW_PATTERN, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER, SSM_STATE,
-    TOKEN_SHIFT, VALUE_LENGTH, VALUE_LENGTH_SWA, WKV_HEAD_SIZE,
+    KEY_LENGTH, KEY_LENGTH_MLA, KEY_LENGTH_SWA, KV_LORA_RANK, LEADING_DENSE, MAX_CTX_SIZE,
+    MAX_ESTIMATE, MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SHORTCONV_CACHE,
+    SLIDING_WINDOW, SLIDING_WINDOW_PATTERN, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER,
+    SSM_STATE, TOKEN_SHIFT, VALUE_LENGTH, VALUE_LENGTH_SWA, WKV_HEAD_SIZE,
 };
 use super::header::Header;
 use super::hparams::{self, Hp};
@@ -33,6 +33,16 @@ const PAD: u128 = 256;
 const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
 /// MLA caches keep no V from this build on.
 const MLA_NO_V_FROM: u32 = 7832;
+/// llama-server keeps context checkpoints from this build on (`--swa-checkpoints`): copies of a
+/// slot's sliding-window cache and recurrent state, the parts it cannot roll back, so a later
+/// prompt with the same prefix need not be read again. They grow with use up to the count per
+/// slot (3 at first, 32 since b8218), so the Catalog stage sets the count.
+pub const CHECKPOINTS_FROM: u32 = 6160;
+/// The flag is `--ctx-checkpoints` from this build on.
+pub const CTX_CHECKPOINTS_FLAG_FROM: u32 = 6685;
+/// Context checkpoints per slot that the Catalog stage passes: the latest prompt's and one
+/// before it.
+pub const CTX_CHECKPOINTS: u64 = 2;
 
 /// The server settings the estimate is for (the Catalog stage passes the same to llama-server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +89,9 @@ pub struct Estimate {
     pub repack_tier: repack::Tier,
     pub kv: u64,
     pub recurrent: u64,
+    /// Context checkpoints: [`CTX_CHECKPOINTS`] copies per slot of its sliding-window cache and
+    /// recurrent state, at most.
+    pub checkpoints: u64,
     pub compute: u64,
     /// The engine's memory outside the model, KV and compute buffers, part by part.
     pub engine: engine::Engine,
@@ -257,6 +270,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let swa_cells = pad(n_ctx_seq.min(u128::from(n_swa) + ubatch)) * parallel;
     let full_cells = n_ctx_seq * parallel;
     let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u128, 0u128, 0u64, 0u64);
+    let mut swa_kv = 0u128;
     for il in 0..n_layer {
         if !has_kv(il) {
             continue;
@@ -276,6 +290,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         let row = (hk * heads + v_width) * KV_ELEMENT_BYTES;
         if swa {
             kv += row * swa_cells;
+            swa_kv += row * swa_cells;
             swa_layers += 1;
         } else {
             kv += row * full_cells;
@@ -287,6 +302,12 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let recurrent_count = (0..n_layer).filter(|il| is_recurrent(*il)).count() as u128;
     let state_per_seq = recurrent_count * recurrent_state(&hp, n_embd_w) * STATE_ELEMENT_BYTES;
     let recurrent = state_per_seq * parallel;
+    // A checkpoint holds one slot's share of the sliding-window cache and of the recurrent state.
+    let checkpoints = if f.build >= CHECKPOINTS_FROM {
+        u128::from(CTX_CHECKPOINTS) * (swa_kv + recurrent)
+    } else {
+        0
+    };
 
     let n_ff = (0..n_layer)
         .filter_map(|il| hp.per_layer(&FEED_FORWARD, il))
@@ -318,7 +339,16 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     } else {
         0
     };
-    let activations = ubatch * 4 * ffn_phase.max(ssm_phase);
+    // Multi-head latent attention (deepseek2 and its kin) keeps, per head, the query, the query
+    // absorbed into the latent space, its concatenation with the rotary part (the cache's key
+    // width) and the latent attention output: wider than the FFN phase of a small model (the
+    // engine logged 33.0 MiB of compute for a 768-wide deepseek2 whose FFN phase gives 27.0).
+    let mla_phase = if mla {
+        2 * n_embd_w + u128::from(n_head0) * (u(&KEY_LENGTH_MLA) + 2 * u(&KV_LORA_RANK) + head_k)
+    } else {
+        0
+    };
+    let activations = ubatch * 4 * ffn_phase.max(ssm_phase).max(mla_phase);
     // The attention masks are f16, one row per cell of one stream, per cache (full and window).
     let masks = ubatch
         * 2
@@ -345,7 +375,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     );
     let overhead = u128::from(eng.total());
     let (repack, tier, repacked) = repack::largest(h, f.cpu);
-    let total = (weights + u128::from(repack) + kv + recurrent + compute + overhead)
+    let total = (weights + u128::from(repack) + kv + recurrent + checkpoints + compute + overhead)
         .div_ceil(1 << 20)
         << 20;
 
@@ -371,6 +401,17 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
             human_bytes(bytes(recurrent))
         );
     }
+    if checkpoints > 0 {
+        basis += &format!(
+            " + context checkpoints {} ({CTX_CHECKPOINTS} per slot of its {})",
+            human_bytes(bytes(checkpoints)),
+            match (swa_kv > 0, recurrent > 0) {
+                (true, true) => "sliding-window cache and recurrent state",
+                (true, false) => "sliding-window cache",
+                _ => "recurrent state",
+            }
+        );
+    }
     basis += &format!(
         " + compute {} + {}",
         human_bytes(bytes(compute)),
@@ -385,6 +426,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         repack_tier: tier,
         kv: bytes(kv),
         recurrent: bytes(recurrent),
+        checkpoints: bytes(checkpoints),
         compute: bytes(compute),
         engine: eng,
         overhead: bytes(overhead),
@@ -450,6 +492,7 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128
         repack_tier: tier,
         kv: 0,
         recurrent: 0,
+        checkpoints: 0,
         compute: bytes(compute + margin),
         engine: engine::Engine {
             fixed: engine::FIXED,

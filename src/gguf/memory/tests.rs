@@ -69,6 +69,8 @@ fn gemma3_27b_sliding_window_layers_keep_only_the_window() {
     // 10 global layers x 32768 cells + 52 SWA layers x 1536 cells, 8 KiB per layer per token.
     assert_eq!(e.kv, (10 * 32768 + 52 * 1536) * 8192);
     assert_eq!(e.kv >> 20, 3184);
+    // Checkpoints copy the sliding-window part of the slot only.
+    assert_eq!(e.checkpoints, CTX_CHECKPOINTS * 52 * 1536 * 8192);
 }
 
 #[test]
@@ -113,7 +115,40 @@ fn mamba_state_is_per_slot_and_has_no_kv() {
     assert_eq!(one.kv, 0);
     // (3 x 5120 + 16 x 5120) x 4 B x 64 layers = 23.75 MiB per sequence.
     assert_eq!(one.recurrent, 24_903_680);
-    assert_eq!(estimate(&h, &flags(4096, 4)).recurrent, 4 * 24_903_680);
+    let four = estimate(&h, &flags(4096, 4));
+    assert_eq!(four.recurrent, 4 * 24_903_680);
+    // The server keeps up to CTX_CHECKPOINTS copies of each slot's state.
+    assert_eq!(four.checkpoints, CTX_CHECKPOINTS * 4 * 24_903_680);
+    assert!(four.basis.contains("context checkpoints"), "{}", four.basis);
+    let old = estimate(
+        &h,
+        &Flags {
+            build: CHECKPOINTS_FROM - 1,
+            ..flags(4096, 4)
+        },
+    );
+    assert_eq!(
+        old.checkpoints, 0,
+        "no checkpoints before b{CHECKPOINTS_FROM}"
+    );
+    assert_eq!(
+        four.total - old.total,
+        four.checkpoints.div_ceil(1 << 20) << 20
+    );
+}
+
+#[test]
+fn a_full_attention_model_keeps_no_checkpoints() {
+    let h = header(
+        "llama",
+        &[
+            ("block_count", Value::U32(32)),
+            ("embedding_length", Value::U32(4096)),
+            ("attention.head_count", Value::U32(32)),
+            ("attention.head_count_kv", Value::U32(8)),
+        ],
+    );
+    assert_eq!(estimate(&h, &flags(4096, 4)).checkpoints, 0);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, SecretKeySelector};
 
 use crate::api::{ModelServe, ResolvedStatus};
+use crate::gguf::memory::{CHECKPOINTS_FROM, CTX_CHECKPOINTS, CTX_CHECKPOINTS_FLAG_FROM};
 use crate::names::{KEY_DIR, KEY_FIELD, MODELS_DIR, PORT, model_names, secret_name};
 
 /// The llama.cpp server's arguments, each flag only when the build knows it (an unknown flag
@@ -37,6 +38,13 @@ pub fn server_args(
     flag(2258, "--metrics", None);
     // The memory estimate leaves out the prompt cache in RAM: switch it off.
     flag(6723, "--cache-ram", Some("0".into()));
+    // Checkpoints grow with use up to the count per slot: the estimate counts this many.
+    let checkpoints = Some(CTX_CHECKPOINTS.to_string());
+    if (CHECKPOINTS_FROM..CTX_CHECKPOINTS_FLAG_FROM).contains(&build) {
+        flag(CHECKPOINTS_FROM, "--swa-checkpoints", checkpoints);
+    } else {
+        flag(CTX_CHECKPOINTS_FLAG_FROM, "--ctx-checkpoints", checkpoints);
+    }
     flag(4297, "--no-webui", None);
     // Chat templates are on by default from b7170; before that they need --jinja.
     if (4524..7170).contains(&build) {
@@ -101,6 +109,26 @@ mod tests {
         let new = args_of(&objects(&ms, &r, &c, &settings(10587), "kd").unwrap().0);
         assert!(!new.contains(&"--jinja".to_string()), "on by default");
         assert!(!new.contains(&"--api-key".to_string()));
+    }
+
+    #[test]
+    fn context_checkpoints_are_capped_under_the_name_the_build_knows() {
+        let ms = model(serde_json::json!({"repo": "o/Qwen-GGUF"}));
+        let r = resolved(&[("q.gguf", 100)]);
+        let c = checked(1 << 30, 1);
+        let at = |build| args_of(&objects(&ms, &r, &c, &settings(build), "kd").unwrap().0);
+        let count = crate::gguf::memory::CTX_CHECKPOINTS.to_string();
+        assert_eq!(
+            value_after(&at(10587), "--ctx-checkpoints"),
+            Some(count.clone())
+        );
+        assert_eq!(value_after(&at(6500), "--swa-checkpoints"), Some(count));
+        assert!(!at(6500).contains(&"--ctx-checkpoints".to_string()));
+        let old = at(6000);
+        assert!(
+            !old.iter().any(|a| a.ends_with("-checkpoints")),
+            "no checkpoints before b6160: {old:?}"
+        );
     }
 
     #[test]
