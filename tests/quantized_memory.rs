@@ -225,7 +225,8 @@ fn logged(log: &str, marker: &str) -> f64 {
     log.lines()
         .filter_map(|l| l.split_once(marker))
         .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .sum()
+        // From 0.0: an empty f64 sum is -0.0, which prints as "-0.00".
+        .fold(0.0, |a, b| a + b)
 }
 
 async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
