@@ -6,9 +6,10 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::core::{PartialObjectMeta, PartialObjectMetaExt};
+use kube::core::PartialObjectMetaExt;
 
 use crate::pipeline::cache::Cache;
+pub use crate::pipeline::cache::CachedReplicaSet;
 
 /// What the stage reads from the cluster for one ModelServe.
 #[derive(Clone, Debug, Default)]
@@ -96,10 +97,6 @@ pub fn template_digest(mut t: k8s_openapi::api::core::v1::PodTemplateSpec) -> Op
     let text = serde_json::to_value(&t).ok()?.to_string();
     Some(crate::units::digest(text.as_bytes()))
 }
-
-/// A ReplicaSet as the cache keeps it: metadata only. A `ReplicaSet` struct takes 2.3 KB
-/// before any of its contents (its spec holds a whole pod template inline), its metadata 0.4 KB.
-pub type CachedReplicaSet = PartialObjectMeta<ReplicaSet>;
 
 /// Keeps of a ReplicaSet what Place reads: its name, owner, creation time, revision, model label,
 /// and its pod template as a digest (the template is as large as the Deployment's).
