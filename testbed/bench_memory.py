@@ -97,19 +97,27 @@ def long_prompt(url: str) -> list[int]:
     return tokens[:UBATCH + 16]
 
 
-def load(url: str, parallel: int) -> None:
+def load(url: str, parallel: int, checkpoints: bool) -> None:
     """What a pod at its peak does: every slot busy at once, one of them with a prompt that fills
-    a ubatch, the others with a short chat."""
-    jobs = [(f"{url}/completion", {"prompt": long_prompt(url), "n_predict": 16})]
-    jobs += [(f"{url}/v1/chat/completions",
-              {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 16})
-             for i in range(1, parallel)]
+    a ubatch, the others with a short chat. A model that keeps context checkpoints (sliding-window
+    or recurrent layers) gets the long prompt in every slot: the engine checkpoints a prompt
+    4 + ubatch tokens and 4 tokens before its end, so each slot ends with the CTX_CHECKPOINTS
+    copies the estimate counts (a short chat makes only the second)."""
+    prompt = long_prompt(url)
+    jobs = [(f"{url}/completion", {"prompt": prompt, "n_predict": 16})]
+    for i in range(1, parallel):
+        if checkpoints:
+            jobs.append((f"{url}/completion", {"prompt": prompt, "n_predict": 16}))
+        else:
+            jobs.append((f"{url}/v1/chat/completions",
+                         {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 16}))
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         for f in [pool.submit(request, u, b) for u, b in jobs]:
             f.result()
 
 
-def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str) -> dict:
+def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str,
+            checkpoints: bool) -> dict:
     port = free_port()
     with open(log_path, "w+") as log:
         p = subprocess.Popen(server_args(server, model, ctx, parallel, port, key_file),
@@ -128,7 +136,7 @@ def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, k
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"llama-server not ready in 900 s; log {log_path}")
                 time.sleep(0.2)
-            load(f"http://127.0.0.1:{port}", parallel)
+            load(f"http://127.0.0.1:{port}", parallel, checkpoints)
             with open(f"/proc/{p.pid}/status") as s:
                 hwm = next(int(line.split()[1]) * 1024 for line in s if line.startswith("VmHWM:"))
         finally:
@@ -227,7 +235,8 @@ def main() -> None:
     log_hdr = " ".join(f"{h:>8}" for h in LOG_FIELDS)
     name_w = max(len(m.name) for m in models)
     print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; "
-          f"peak: VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt")
+          f"peak: VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt "
+          f"(all of them where the model keeps context checkpoints)")
     print(f"{'model':<{name_w}} {'GiB':>5} {'ctx':>6} {'np':>3} | {est_hdr} | {log_hdr} | {'peak':>8} {'ratio':>6} flags",
           flush=True)
     rows, failing = 0, {"under": [], "over": [], "kv": [], "error": []}
@@ -242,7 +251,7 @@ def main() -> None:
             try:
                 e = estimate(model, ctx, parallel)
                 m = measure(server, model, ctx, parallel, args.logs / f"{model.stem}-{ctx}x{parallel}.log",
-                            str(key_file))
+                            str(key_file), (e.get("checkpoints") or 0) > 0)
             except (RuntimeError, OSError, ValueError) as err:
                 failing["error"].append(row_id)
                 print(f"{label} | error: {err}", flush=True)

@@ -6,74 +6,26 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use modelserve::gguf::memory::{Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
+use support::engine::{Server, logged};
 use support::testbed_script;
 
-/// MiB figures llama-server printed for one pattern, summed over its lines.
-fn logged(log: &str, marker: &str) -> f64 {
-    log.lines()
-        .filter_map(|l| l.split_once(marker))
-        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
-        .fold(0.0, |a, b| a + b)
-}
-
-fn run_server(server: &Path, model: &Path, ctx: u64, parallel: u64) -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log_path = std::env::temp_dir().join(format!("engine-memory-{port}.log"));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(server)
-        .args([
-            "-m",
-            model.to_str().unwrap(),
-            "--ctx-size",
-            &ctx.to_string(),
-            "--parallel",
-            &parallel.to_string(),
-        ])
-        .args([
-            "--cache-ram",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "-lv",
-            "4",
-        ])
-        .stdout(log.try_clone().unwrap())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .expect("start llama-server");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if text.contains("compute buffer size") && text.contains("listening") {
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "llama-server exited ({status}) on {}: {text}",
-                model.display()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "llama-server did not start on {}",
-            model.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    std::fs::read_to_string(&log_path).unwrap()
+/// The log of llama-server once it has loaded `model` and logged its buffers.
+async fn server_log(server: &Path, model: &Path, ctx: u64, parallel: u64) -> String {
+    let args = [
+        "--ctx-size".to_string(),
+        ctx.to_string(),
+        "--parallel".into(),
+        parallel.to_string(),
+        "--cache-ram".into(),
+        "0".into(),
+    ];
+    let mut s = Server::start(server, model, &args);
+    s.ready(&reqwest::Client::new()).await;
+    s.log_text()
 }
 
 #[tokio::test]
@@ -121,7 +73,7 @@ async fn kv_and_state_equal_the_engines_figures_and_compute_is_within_five_perce
                 },
             )
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-            let log = run_server(&server, model, ctx, parallel);
+            let log = server_log(&server, model, ctx, parallel).await;
             // The engine prints MiB with two decimals.
             assert_eq!(
                 format!("{:.2}", mib(e.kv)),

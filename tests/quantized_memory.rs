@@ -10,12 +10,14 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use futures::FutureExt;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
-use support::testbed_script;
+use support::engine::{Server, logged};
+use support::{testbed_script, testbed_script_with};
 
 const UBATCH: u64 = 512;
 const MIB: f64 = (1u64 << 20) as f64;
@@ -41,26 +43,6 @@ const ROWS: [(&str, &str, &str, &str, f64); 6] = [
     // cannot get worse unseen.
     ("gemma3", "gemma-4", "tiny", "Q4_K_M", 1.35),
 ];
-
-fn tool(name: &str) -> PathBuf {
-    let out = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/build-llama-tool.sh"))
-        .arg(name)
-        .output()
-        .expect("run build-llama-tool.sh");
-    assert!(
-        out.status.success(),
-        "build-llama-tool.sh {name} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim(),
-    )
-}
 
 fn run(cmd: &mut Command, what: &str) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -105,65 +87,23 @@ fn model(
     out
 }
 
-struct Server {
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// llama-server with the pods' flags (src/pipeline/catalog/args.rs), ready to answer.
+/// llama-server with the pods' flags (src/pipeline/catalog/args.rs).
 fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log = std::env::temp_dir().join(format!("quantized-memory-{port}.log"));
-    let file = std::fs::File::create(&log).unwrap();
-    let child = Command::new(server)
-        .arg("--model")
-        .arg(model)
-        .args(["--ctx-size", &ctx.to_string()])
-        .args(["--parallel", &parallel.to_string()])
-        .args(["--ubatch-size", &UBATCH.to_string()])
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--metrics", "--cache-ram", "0", "--no-webui", "-lv", "4"])
-        .args(["--ctx-checkpoints", &CTX_CHECKPOINTS.to_string()])
-        .stdout(file.try_clone().unwrap())
-        .stderr(Stdio::from(file))
-        .spawn()
-        .expect("start llama-server");
-    Server {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        log,
-    }
-}
-
-async fn ready(s: &mut Server, http: &reqwest::Client) {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Ok(r) = http.get(format!("{}/health", s.url)).send().await
-            && r.status().is_success()
-        {
-            return;
-        }
-        if let Ok(Some(status)) = s.child.try_wait() {
-            panic!(
-                "llama-server exited ({status}): {}",
-                std::fs::read_to_string(&s.log).unwrap_or_default()
-            );
-        }
-        assert!(Instant::now() < deadline, "llama-server not ready in 300 s");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let args = [
+        "--ctx-size".to_string(),
+        ctx.to_string(),
+        "--parallel".into(),
+        parallel.to_string(),
+        "--ubatch-size".into(),
+        UBATCH.to_string(),
+        "--ctx-checkpoints".into(),
+        CTX_CHECKPOINTS.to_string(),
+        "--metrics".into(),
+        "--cache-ram".into(),
+        "0".into(),
+        "--no-webui".into(),
+    ];
+    Server::start(server, model, &args)
 }
 
 async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> serde_json::Value {
@@ -178,8 +118,15 @@ async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> s
     r.json().await.unwrap()
 }
 
-/// Every slot busy at once, one with a prompt of a ubatch and more; then the peak RSS.
-async fn peak_under_load(s: &Server, http: &reqwest::Client, parallel: u64) -> u64 {
+/// Every slot busy at once, one with a prompt of a ubatch and more (every one, when the model
+/// keeps context checkpoints: such a prompt leaves the two the estimate counts); then the peak
+/// RSS.
+async fn peak_under_load(
+    s: &Server,
+    http: &reqwest::Client,
+    parallel: u64,
+    checkpoints: bool,
+) -> u64 {
     let text = (0..UBATCH)
         .map(|i| format!("item {i} of the inventory, checked and counted."))
         .collect::<Vec<_>>()
@@ -195,22 +142,29 @@ async fn peak_under_load(s: &Server, http: &reqwest::Client, parallel: u64) -> u
         .unwrap_or_default();
     let want = usize::try_from(UBATCH).unwrap() + 16;
     assert!(tokens.len() >= want, "{} tokens", tokens.len());
-    let long = post(
-        http,
-        format!("{}/completion", s.url),
-        serde_json::json!({ "prompt": &tokens[..want], "n_predict": 16 }),
-    );
-    let chats = (1..parallel).map(|i| {
+    let long = || {
         post(
             http,
-            format!("{}/v1/chat/completions", s.url),
-            serde_json::json!({
-                "messages": [{"role": "user", "content": format!("Say hello {i}.")}],
-                "max_tokens": 16
-            }),
+            format!("{}/completion", s.url),
+            serde_json::json!({ "prompt": &tokens[..want], "n_predict": 16 }),
         )
+    };
+    let others = (1..parallel).map(|i| {
+        if checkpoints {
+            long().boxed()
+        } else {
+            post(
+                http,
+                format!("{}/v1/chat/completions", s.url),
+                serde_json::json!({
+                    "messages": [{"role": "user", "content": format!("Say hello {i}.")}],
+                    "max_tokens": 16
+                }),
+            )
+            .boxed()
+        }
     });
-    futures::future::join(long, futures::future::join_all(chats)).await;
+    futures::future::join(long(), futures::future::join_all(others)).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
     status
         .lines()
@@ -218,15 +172,6 @@ async fn peak_under_load(s: &Server, http: &reqwest::Client, parallel: u64) -> u
         .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
         .expect("VmHWM")
         * 1024
-}
-
-/// MiB figures llama-server printed after `marker`, summed over its lines.
-fn logged(log: &str, marker: &str) -> f64 {
-    log.lines()
-        .filter_map(|l| l.split_once(marker))
-        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
-        // From 0.0: an empty f64 sum is -0.0, which prints as "-0.00".
-        .fold(0.0, |a, b| a + b)
 }
 
 async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
@@ -255,7 +200,7 @@ async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
 #[tokio::test]
 async fn the_estimate_covers_the_peak_of_real_quantized_models_and_is_at_most_a_quarter_above() {
     let server = testbed_script("build-llama-server.sh");
-    let quantize = tool("llama-quantize");
+    let quantize = testbed_script_with("build-llama-tool.sh", &["llama-quantize"]);
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let mut failures = Vec::new();
@@ -265,9 +210,9 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_and_is_at_most_a_
         for (ctx, parallel) in [(4096, 1), (16384, 4)] {
             let e = estimate(&path, ctx, parallel).await;
             let mut s = start(&server, &path, ctx, parallel);
-            ready(&mut s, &http).await;
-            let peak = peak_under_load(&s, &http, parallel).await;
-            let log = std::fs::read_to_string(&s.log).unwrap();
+            s.ready(&http).await;
+            let peak = peak_under_load(&s, &http, parallel, e.checkpoints > 0).await;
+            let log = s.log_text();
             let ratio = e.total as f64 / peak as f64;
             println!(
                 "{name} {ctx}x{parallel}: estimate {:.1} MiB, peak RSS {:.1} MiB, ratio {ratio:.3}",
@@ -295,4 +240,24 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_and_is_at_most_a_
         std::fs::remove_file(&path).unwrap();
     }
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// testbed/bench_memory.py is Python and cannot import the crate's constants: it copies them,
+/// and this keeps the copies true.
+#[test]
+fn the_memory_benchmark_serves_with_the_flags_the_pods_get() {
+    let script = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/bench_memory.py"),
+    )
+    .unwrap();
+    let constant = |name: &str| -> u64 {
+        script
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} = ")))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("bench_memory.py has no {name} = <number>"))
+    };
+    assert_eq!(constant("UBATCH"), modelserve::pipeline::check::UBATCH);
+    assert_eq!(constant("CTX_CHECKPOINTS"), CTX_CHECKPOINTS);
+    assert_eq!(UBATCH, modelserve::pipeline::check::UBATCH);
 }

@@ -7,7 +7,7 @@
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Secret, Service};
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -49,21 +49,15 @@ impl Watches {
             .predicate_filter(predicates::generation, Default::default())
             .boxed();
         // Deployments and Services are read only when their model reconciles: the cache keeps
-        // their metadata, and the rest as text.
+        // their metadata, and the rest as text. A ReplicaSet's template is as large as its
+        // Deployment's: the cache keeps its metadata with a digest of the template.
         let (deployments, deployment_events) =
-            compacted::<Deployment>(client, namespace, managed());
-        let (services, service_events) = compacted::<Service>(client, namespace, managed());
-        let (secrets, secret_events) = owned(client, namespace, managed(), slim);
-        let (pods, pod_events) = owned(client, namespace, managed(), slim);
-        // A ReplicaSet's template is as large as its Deployment's: the cache keeps its metadata
-        // with a digest of the template.
-        let (replica_sets, rs_writer) = reflector::store();
-        let replica_set_events = watcher(api::<ReplicaSet>(client, namespace), managed())
-            .default_backoff()
-            .map_ok(|e| slimmed(e, slim_replica_set))
-            .reflect(rs_writer)
-            .touched_objects()
-            .boxed();
+            cached(client, namespace, managed(), compacted::<Deployment>);
+        let (services, service_events) = cached(client, namespace, managed(), compacted::<Service>);
+        let (secrets, secret_events) = cached(client, namespace, managed(), slimmed::<Secret>);
+        let (pods, pod_events) = cached(client, namespace, managed(), slimmed::<Pod>);
+        let (replica_sets, replica_set_events) =
+            cached(client, namespace, managed(), slim_replica_set);
 
         let (nodes, node_writer) = reflector::store();
         let node_events = watcher(Api::<Node>::all(client.clone()), Default::default())
@@ -130,59 +124,27 @@ where
     }
 }
 
-/// A cache of the operator's objects of one kind, and the stream of their changes (deletions
-/// included, so a deleted object is put back).
-fn owned<K>(
+/// A cache of the operator's objects of one kind, each kept in the form `keep` makes of it, and
+/// the stream of their changes (deletions included, so a deleted object is put back).
+fn cached<K, T>(
     client: &Client,
     namespace: Option<&str>,
     config: watcher::Config,
-    modify: fn(&mut K),
-) -> (Store<K>, Events<K>)
+    keep: fn(K) -> T,
+) -> (Store<T>, Events<T>)
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
         + Send
-        + Sync
         + 'static,
+    T: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
     let events = watcher(api::<K>(client, namespace), config)
         .default_backoff()
-        .modify(modify)
-        .reflect(writer)
-        .touched_objects()
-        .boxed();
-    (store, events)
-}
-
-/// A cache of the operator's objects of one kind kept compacted (see [`Compacted`]), and the
-/// stream of their changes.
-fn compacted<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    config: watcher::Config,
-) -> (Store<Compacted<K>>, Events<Compacted<K>>)
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let events = watcher(api::<K>(client, namespace), config)
-        .default_backoff()
-        .map_ok(|e| {
-            slimmed(e, |mut o: K| {
-                slim(&mut o);
-                compact(o)
-            })
-        })
+        .map_ok(move |e| kept(e, keep))
         .reflect(writer)
         .touched_objects()
         .boxed();
@@ -190,15 +152,26 @@ where
 }
 
 /// A watch event with its object turned into the form the cache keeps.
-fn slimmed<A, B>(e: watcher::Event<A>, f: impl Fn(A) -> B) -> watcher::Event<B> {
+fn kept<A, B>(e: watcher::Event<A>, keep: impl Fn(A) -> B) -> watcher::Event<B> {
     use watcher::Event;
     match e {
-        Event::Apply(o) => Event::Apply(f(o)),
-        Event::Delete(o) => Event::Delete(f(o)),
+        Event::Apply(o) => Event::Apply(keep(o)),
+        Event::Delete(o) => Event::Delete(keep(o)),
         Event::Init => Event::Init,
-        Event::InitApply(o) => Event::InitApply(f(o)),
+        Event::InitApply(o) => Event::InitApply(keep(o)),
         Event::InitDone => Event::InitDone,
     }
+}
+
+/// An object without what no stage reads (see [`slim`]).
+fn slimmed<K: Resource>(mut o: K) -> K {
+    slim(&mut o);
+    o
+}
+
+/// An object slimmed and compacted (see [`Compacted`]).
+fn compacted<K: Resource + serde::Serialize>(o: K) -> Compacted<K> {
+    compact(slimmed(o))
 }
 
 /// Drops what no stage reads from a cached object: managed fields, and the copy of the whole

@@ -8,6 +8,8 @@
 //! `u128`, where the bounded factors cannot overflow; so the estimate never panics, overflows or
 //! loops more than `MAX_LAYERS` times, whatever the header says.
 
+mod arch;
+mod basis;
 pub mod engine;
 pub mod repack;
 #[cfg(test)]
@@ -25,6 +27,8 @@ use super::header::Header;
 use super::hparams::{self, Hp};
 use super::support::ggml_type;
 use crate::units::human_bytes;
+use arch::{HYBRID_BY_INTERVAL, HYBRID_BY_KV0, NO_KV, RECURRENT, swa_defaults};
+use basis::{engine_basis, repack_basis};
 
 const KV_ELEMENT_BYTES: u128 = 2; // f16, llama-server's default cache type
 const STATE_ELEMENT_BYTES: u128 = 4; // recurrent state is always f32
@@ -113,55 +117,6 @@ fn pad(n: u128) -> u128 {
 /// A byte count of the estimate: at most `MAX_ESTIMATE`, which `estimate_checked` refuses.
 fn bytes(n: u128) -> u64 {
     u64::try_from(n.min(MAX_ESTIMATE.into())).unwrap_or(MAX_ESTIMATE)
-}
-
-/// Archs whose every layer is recurrent.
-const RECURRENT: [&str; 6] = ["mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"];
-/// Hybrids whose recurrent layers are those with head_count_kv 0.
-const HYBRID_BY_KV0: [&str; 8] = [
-    "jamba",
-    "granitehybrid",
-    "lfm2",
-    "lfm2moe",
-    "plamo2",
-    "kimi-linear",
-    "bailingmoe3",
-    "kimi-k3",
-];
-/// Hybrids whose attention layers are every full_attention_interval-th.
-const HYBRID_BY_INTERVAL: [&str; 4] = ["qwen3next", "qwen35", "qwen35moe", "minimax-01"];
-/// Architectures without a KV cache (embedding and diffusion models).
-const NO_KV: [&str; 14] = [
-    "bert",
-    "jina-bert-v2",
-    "jina-bert-v3",
-    "nomic-bert",
-    "nomic-bert-moe",
-    "neo-bert",
-    "eurobert",
-    "modern-bert",
-    "gemma-embedding",
-    "wavtokenizer-dec",
-    "dream",
-    "llada",
-    "llada-moe",
-    "rnd1",
-];
-
-/// Default sliding-window size and pattern period by architecture, when the header has none.
-fn swa_defaults(arch: &str) -> Option<(u64, u64)> {
-    Some(match arch {
-        "gemma2" => (4096, 2),
-        "gemma3" => (0, 6),
-        "cohere2" => (0, 4),
-        "llama4" => (8192, 4),
-        "gpt-oss" => (0, 2),
-        "exaone4" => (4096, 4),
-        "exaone-moe" => (128, 4),
-        "olmo2" | "afmoe" => (0, 4),
-        "plamo3" => (0, 8),
-        _ => return None,
-    })
 }
 
 /// Estimates the memory of one replica, for any header and settings: values beyond their
@@ -510,42 +465,4 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128
         ),
     };
     (e, total)
-}
-
-/// " + CPU repack 1.2 GiB (96 tensors, x86 AVX2)", or nothing when nothing is repacked.
-fn repack_basis(b: u64, tier: repack::Tier, tensors: u64, tiers: repack::Tiers) -> String {
-    if b == 0 {
-        return String::new();
-    }
-    let several = tiers.iter().count() > 1;
-    let bound = if several {
-        format!(
-            "; the largest of {}, as the nodes' CPU features are not known",
-            tiers.key()
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        " + CPU repack {} ({tensors} tensors, {}{bound})",
-        human_bytes(b),
-        tier.describe()
-    )
-}
-
-/// "output 1 MiB + vocabulary 12 MiB (32000 tokens, 0 merges) + samplers ... + engine 32 MiB".
-fn engine_basis(e: &engine::Engine, h: &Header, vocab: u64) -> String {
-    let merges = h
-        .get("tokenizer.ggml.merges")
-        .and_then(super::header::Value::array_len)
-        .unwrap_or(0);
-    format!(
-        "output {} + vocabulary {} ({vocab} tokens, {merges} merges) + samplers {} + matmul work {} + graph {} + engine {}",
-        human_bytes(e.output),
-        human_bytes(e.vocab),
-        human_bytes(e.sampler),
-        human_bytes(e.work),
-        human_bytes(e.graph),
-        human_bytes(e.fixed)
-    )
 }

@@ -1,6 +1,7 @@
 //! Harness for tests against the test bed started by `scripts/testbed up`.
 #![allow(dead_code)]
 
+pub mod engine;
 pub mod fake_hub;
 pub mod models;
 pub mod pod_runner;
@@ -292,13 +293,23 @@ impl Drop for Namespace<'_> {
 
 /// Runs a testbed/ script (they cache what they build) and returns the path it prints last.
 pub fn testbed_script(name: &str) -> PathBuf {
+    testbed_script_with(name, &[])
+}
+
+/// [`testbed_script`] with arguments.
+pub fn testbed_script_with(name: &str, args: &[&str]) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("testbed")
         .join(name);
-    let out = Command::new("bash").arg(&path).output().expect("run bash");
+    let out = Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("run bash");
     assert!(
         out.status.success(),
-        "testbed/{name} failed: {}",
+        "testbed/{name} {} failed: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,0 +1,82 @@
+//! The real llama-server of the test bed, run by the memory tests: started on a free loopback
+//! port with its log in a file, waited for until it answers, and killed when dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running llama-server.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts `server` on `model` with `args` besides the model, the address and `-lv 4` (the
+    /// verbosity that logs every buffer).
+    pub fn start(server: &Path, model: &Path, args: &[String]) -> Server {
+        let port = super::free_port();
+        let log = std::env::temp_dir().join(format!("llama-server-{port}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(server)
+            .arg("--model")
+            .arg(model)
+            .args(args)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "-lv",
+                "4",
+            ])
+            .stdout(file.try_clone().unwrap())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .expect("start llama-server");
+        Server {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            log,
+        }
+    }
+
+    /// Waits until /health answers (the model is loaded and every buffer logged).
+    pub async fn ready(&mut self, http: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            if let Ok(r) = http.get(format!("{}/health", self.url)).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("llama-server exited ({status}): {}", self.log_text());
+            }
+            assert!(Instant::now() < deadline, "llama-server not ready in 300 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// What it has logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// MiB figures llama-server printed after `marker`, summed over its lines.
+pub fn logged(log: &str, marker: &str) -> f64 {
+    log.lines()
+        .filter_map(|l| l.split_once(marker))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse::<f64>().ok())
+        // From 0.0: an empty f64 sum is -0.0, which prints as "-0.00".
+        .fold(0.0, |a, b| a + b)
+}
