@@ -2,7 +2,8 @@
 //! models, one per quantization family (F16, the legacy Q8_0 and Q4_0, a k-quant mix, an
 //! i-quant), with real vocabularies up to the largest the families use (262k). Each is served
 //! by the real llama-server with the Catalog stage's flags, every slot busy at once and one of
-//! them with a prompt that fills a ubatch. The estimate must be at least the engine's peak RSS
+//! them (all of them, for a model that keeps context checkpoints) with a prompt that fills a
+//! ubatch. The estimate must be at least the engine's peak RSS
 //! and at most 1.25 times it (the goal for models under 1 GiB), and the KV cache and recurrent
 //! state must equal the engine's own figures. One row misses that goal and is held to what it
 //! gives today (see `ROWS`).
