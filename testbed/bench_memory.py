@@ -14,6 +14,7 @@ flagged for breaking:
   under   the estimate is below the peak RSS (a pod sized by it would be OOM-killed)
   over    the estimate is above 1.10 x the peak RSS for a file >= 1 GiB, 1.25 x below
   kv      the KV cache or recurrent state estimate differs from the engine's own figure
+  ckpt    the context checkpoints the engine kept (its log) are above the estimate's figure
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ UBATCH = 512  # crate::pipeline::check::UBATCH, which the Catalog stage passes a
 CTX_CHECKPOINTS = 2  # crate::gguf::memory::CTX_CHECKPOINTS, passed as --ctx-checkpoints
 EST_FIELDS = ["total", "weights", "repack", "kv", "recurrent", "checkpoints", "compute", "output", "vocab", "sampler",
               "work", "graph", "engine"]
-LOG_FIELDS = ["model", "repack", "kv", "rs", "compute", "output"]
+LOG_FIELDS = ["model", "repack", "kv", "rs", "ckpt", "compute", "output"]
 KEY = "bench-memory-key"
 
 
@@ -87,23 +88,30 @@ def request(url: str, body: dict | None = None, timeout: float = 600) -> dict:
         return json.load(r)
 
 
-def long_prompt(url: str) -> list[int]:
-    """UBATCH + 16 token ids, from the server's own tokenizer: a prompt that fills a whole
-    ubatch, so the compute buffer is used as far as any prompt can use it."""
-    text = " ".join(f"item {i} of the inventory, checked and counted." for i in range(UBATCH))
+def prompt_tokens(window: int) -> int:
+    """The long prompt's length: UBATCH + 16 tokens fill a whole ubatch, so the compute buffer is
+    used as far as any prompt can use it. The engine checkpoints a prompt 4 + UBATCH tokens and
+    4 tokens before its end, each checkpoint holding the sliding-window cells the window still
+    sees; `window` more tokens make both of them full."""
+    return window + UBATCH + 16
+
+
+def long_prompt(url: str, n: int) -> list[int]:
+    """n token ids, from the server's own tokenizer."""
+    text = " ".join(f"item {i} of the inventory, checked and counted." for i in range(max(n, UBATCH)))
     tokens = request(f"{url}/tokenize", {"content": text}).get("tokens", [])
-    if len(tokens) < UBATCH + 16:
-        raise RuntimeError(f"the tokenizer gave {len(tokens)} tokens for the long prompt")
-    return tokens[:UBATCH + 16]
+    if len(tokens) < n:
+        raise RuntimeError(f"the tokenizer gave {len(tokens)} tokens for the long prompt of {n}")
+    return tokens[:n]
 
 
-def load(url: str, parallel: int, checkpoints: bool) -> None:
+def load(url: str, parallel: int, checkpoints: bool, window: int) -> None:
     """What a pod at its peak does: every slot busy at once, one of them with a prompt that fills
     a ubatch, the others with a short chat. A model that keeps context checkpoints (sliding-window
-    or recurrent layers) gets the long prompt in every slot: the engine checkpoints a prompt
-    4 + ubatch tokens and 4 tokens before its end, so each slot ends with the CTX_CHECKPOINTS
-    copies the estimate counts (a short chat makes only the second)."""
-    prompt = long_prompt(url)
+    or recurrent layers) gets the long prompt in every slot, `window` tokens longer where it has
+    sliding-window layers, so each slot ends with the CTX_CHECKPOINTS full copies the estimate
+    counts (a short chat makes only the second, of a few cells)."""
+    prompt = long_prompt(url, prompt_tokens(window))
     jobs = [(f"{url}/completion", {"prompt": prompt, "n_predict": 16})]
     for i in range(1, parallel):
         if checkpoints:
@@ -117,7 +125,7 @@ def load(url: str, parallel: int, checkpoints: bool) -> None:
 
 
 def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str,
-            checkpoints: bool) -> dict:
+            checkpoints: bool, window: int) -> dict:
     port = free_port()
     with open(log_path, "w+") as log:
         p = subprocess.Popen(server_args(server, model, ctx, parallel, port, key_file),
@@ -136,7 +144,7 @@ def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, k
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"llama-server not ready in 900 s; log {log_path}")
                 time.sleep(0.2)
-            load(f"http://127.0.0.1:{port}", parallel, checkpoints)
+            load(f"http://127.0.0.1:{port}", parallel, checkpoints, window)
             with open(f"/proc/{p.pid}/status") as s:
                 hwm = next(int(line.split()[1]) * 1024 for line in s if line.startswith("VmHWM:"))
         finally:
@@ -167,6 +175,9 @@ def parse_log(text: str) -> dict:
         "compute": sum(v for _, v in lines("compute")),
         # Two spaces: "CPU  output buffer size", not the model or KV lines.
         "output": sum(float(m) for m in re.findall(r"\S  output buffer size =\s*([\d.]+) MiB", text)),
+        # The context checkpoints alive at the end: those made less those erased (logged at -lv 4).
+        "ckpt": sum(float(m) for m in re.findall(r"created context checkpoint .*size = ([\d.]+) MiB", text))
+        - sum(float(m) for m in re.findall(r"eras\w+ (?:old |invalidated )?context checkpoint .*size = ([\d.]+) MiB", text)),
     }
 
 
@@ -236,10 +247,10 @@ def main() -> None:
     name_w = max(len(m.name) for m in models)
     print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; "
           f"peak: VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt "
-          f"(all of them where the model keeps context checkpoints)")
+          f"(all of them where the model keeps context checkpoints, longer by the sliding window)")
     print(f"{'model':<{name_w}} {'GiB':>5} {'ctx':>6} {'np':>3} | {est_hdr} | {log_hdr} | {'peak':>8} {'ratio':>6} flags",
           flush=True)
-    rows, failing = 0, {"under": [], "over": [], "kv": [], "error": []}
+    rows, failing = 0, {"under": [], "over": [], "kv": [], "ckpt": [], "error": []}
     ratios: list[tuple[float, str]] = []
     for model in models:
         size = model.stat().st_size
@@ -251,7 +262,9 @@ def main() -> None:
             try:
                 e = estimate(model, ctx, parallel)
                 m = measure(server, model, ctx, parallel, args.logs / f"{model.stem}-{ctx}x{parallel}.log",
-                            str(key_file), (e.get("checkpoints") or 0) > 0)
+                            str(key_file), (e.get("checkpoints") or 0) > 0,
+                            # a slot shorter than the window and the prompt takes what fits (n_predict 16)
+                            max(0, min(e.get("checkpointWindow") or 0, ctx // parallel - UBATCH - 48)))
             except (RuntimeError, OSError, ValueError) as err:
                 failing["error"].append(row_id)
                 print(f"{label} | error: {err}", flush=True)
@@ -273,6 +286,10 @@ def main() -> None:
             if not (same(est["kv"], m["kv"], m["kv_lines"]) and same(recurrent, m["rs"], m["rs_lines"])):
                 flags.append("kv")
                 failing["kv"].append(row_id)
+            # The checkpoints the engine kept may not exceed what the estimate counts for them.
+            if m["ckpt"] > (est["checkpoints"] or 0.0) + 0.001 * max(parallel * CTX_CHECKPOINTS, 1):
+                flags.append("ckpt")
+                failing["ckpt"].append(row_id)
             others = {b: v for b, v in m["model_buffers"].items() if b not in ("CPU_Mapped", "CPU_REPACK")}
             if others:  # anything but the mapped file and the repack, e.g. an AMX or a plain CPU copy
                 flags.append("model:" + ",".join(f"{b}={v:.1f}" for b, v in others.items()))
@@ -284,7 +301,8 @@ def main() -> None:
     worst = (f"lowest ratio {ratios[0][0]:.3f} ({ratios[0][1]}), highest {ratios[-1][0]:.3f} ({ratios[-1][1]})"
              if ratios else "no ratios")
     print(f"# {rows} rows; under peak: {len(failing['under'])}; over the margin: {len(failing['over'])}; "
-          f"KV/state not exact: {len(failing['kv'])}; errors: {len(failing['error'])}; {worst}", flush=True)
+          f"KV/state not exact: {len(failing['kv'])}; checkpoints above the estimate's: {len(failing['ckpt'])}; "
+          f"errors: {len(failing['error'])}; {worst}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 //! models, one per quantization family (F16, the legacy Q8_0 and Q4_0, a k-quant mix, an
 //! i-quant), with real vocabularies up to the largest the families use (262k). Each is served
 //! by the real llama-server with the Catalog stage's flags, every slot busy at once and one of
-//! them (all of them, for a model that keeps context checkpoints) with a prompt that fills a
-//! ubatch. The estimate must be at least the engine's peak RSS
+//! them (all of them, for a model that keeps context checkpoints, with the sliding window on
+//! top) with a prompt that fills a ubatch. The estimate must be at least the engine's peak RSS
 //! and at most 1.25 times it (the goal for models under 1 GiB), and the KV cache and recurrent
 //! state must equal the engine's own figures. One row misses that goal and is held to what it
 //! gives today (see `ROWS`).
@@ -120,15 +120,16 @@ async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> s
 }
 
 /// Every slot busy at once, one with a prompt of a ubatch and more (every one, when the model
-/// keeps context checkpoints: such a prompt leaves the two the estimate counts); then the peak
-/// RSS.
+/// keeps context checkpoints, and longer by the `window` each checkpoint holds: such a prompt
+/// leaves the two full checkpoints the estimate counts); then the peak RSS.
 async fn peak_under_load(
     s: &Server,
     http: &reqwest::Client,
     parallel: u64,
     checkpoints: bool,
+    window: u64,
 ) -> u64 {
-    let text = (0..UBATCH)
+    let text = (0..UBATCH + window)
         .map(|i| format!("item {i} of the inventory, checked and counted."))
         .collect::<Vec<_>>()
         .join(" ");
@@ -141,7 +142,7 @@ async fn peak_under_load(
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let want = usize::try_from(UBATCH).unwrap() + 16;
+    let want = usize::try_from(UBATCH + window).unwrap() + 16;
     assert!(tokens.len() >= want, "{} tokens", tokens.len());
     let long = || {
         post(
@@ -212,7 +213,11 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_and_is_at_most_a_
             let e = estimate(&path, ctx, parallel).await;
             let mut s = start(&server, &path, ctx, parallel);
             s.ready(&http).await;
-            let peak = peak_under_load(&s, &http, parallel, e.checkpoints > 0).await;
+            // A slot shorter than the window and the prompt gets what fits (n_predict 16).
+            let window = e
+                .checkpoint_window
+                .min((ctx / parallel).saturating_sub(UBATCH + 48));
+            let peak = peak_under_load(&s, &http, parallel, e.checkpoints > 0, window).await;
             let log = s.log_text();
             let ratio = e.total as f64 / peak as f64;
             println!(

@@ -61,7 +61,7 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         "parallel": flags.parallel,
         "cpu": e.repack_tier.to_string(),
         "weights": e.weights, "repack": e.repack, "kv": e.kv, "recurrent": e.recurrent,
-        "checkpoints": e.checkpoints, "compute": e.compute, "output": e.engine.output, "vocab": e.engine.vocab,
+        "checkpoints": e.checkpoints, "checkpointWindow": e.checkpoint_window, "compute": e.compute, "output": e.engine.output, "vocab": e.engine.vocab,
         "sampler": e.engine.sampler, "work": e.engine.work, "graph": e.engine.graph,
         "engine": e.engine.fixed, "overhead": e.overhead, "total": e.total,
         "memory": gi_quantity(e.total), "kvBytesPerToken": e.kv_bytes_per_token,
@@ -114,7 +114,7 @@ fn parts(e: &memory::Estimate) -> Vec<serde_json::Value> {
             "checkpoints",
             e.checkpoints,
             None,
-            "context checkpoints: copies of each slot's sliding-window cache and recurrent state, the server logs each as it makes it",
+            "context checkpoints: copies of each slot's recurrent state and of the sliding-window cells its window still sees, the server logs each as it makes it",
         ),
         (
             "compute",

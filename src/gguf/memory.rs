@@ -47,6 +47,9 @@ pub const CTX_CHECKPOINTS_FLAG_FROM: u32 = 6685;
 /// Context checkpoints per slot that the Catalog stage passes: the latest prompt's and one
 /// before it.
 pub const CTX_CHECKPOINTS: u64 = 2;
+/// Bytes a checkpoint keeps per cell beside its K and V rows: the position (i32), the count of
+/// sequences (u32) and the one sequence id (i32) that llama_kv_cache::state_write_meta writes.
+const CHECKPOINT_CELL_META: u128 = 12;
 
 /// The server settings the estimate is for (the Catalog stage passes the same to llama-server).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,9 +96,12 @@ pub struct Estimate {
     pub repack_tier: repack::Tier,
     pub kv: u64,
     pub recurrent: u64,
-    /// Context checkpoints: [`CTX_CHECKPOINTS`] copies per slot of its sliding-window cache and
-    /// recurrent state, at most.
+    /// Context checkpoints: [`CTX_CHECKPOINTS`] copies per slot of its recurrent state and of the
+    /// sliding-window cells its window still sees, at most.
     pub checkpoints: u64,
+    /// The sliding-window tokens of a slot that one checkpoint holds once the slot has read
+    /// that many (0 without sliding-window layers).
+    pub checkpoint_window: u64,
     pub compute: u64,
     /// The engine's memory outside the model, KV and compute buffers, part by part.
     pub engine: engine::Engine,
@@ -225,7 +231,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let swa_cells = pad(n_ctx_seq.min(u128::from(n_swa) + ubatch)) * parallel;
     let full_cells = n_ctx_seq * parallel;
     let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u128, 0u128, 0u64, 0u64);
-    let mut swa_kv = 0u128;
+    let mut swa_row = 0u128;
     for il in 0..n_layer {
         if !has_kv(il) {
             continue;
@@ -245,7 +251,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         let row = (hk * heads + v_width) * KV_ELEMENT_BYTES;
         if swa {
             kv += row * swa_cells;
-            swa_kv += row * swa_cells;
+            swa_row += row;
             swa_layers += 1;
         } else {
             kv += row * full_cells;
@@ -257,9 +263,19 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let recurrent_count = (0..n_layer).filter(|il| is_recurrent(*il)).count() as u128;
     let state_per_seq = recurrent_count * recurrent_state(&hp, n_embd_w) * STATE_ELEMENT_BYTES;
     let recurrent = state_per_seq * parallel;
-    // A checkpoint holds one slot's share of the sliding-window cache and of the recurrent state.
+    // A checkpoint holds one slot's recurrent state and the cells of its sliding-window cache
+    // that the window still sees: the engine writes only the cells within n_swa positions of the
+    // slot's latest (llama_kv_cache::state_write skips the masked ones), so at most n_swa of the
+    // n_swa + ubatch cells the cache keeps per slot; each written cell also carries its position
+    // and sequence id (CHECKPOINT_CELL_META bytes).
+    let window_cells = n_ctx_seq.min(u128::from(n_swa));
+    let window = if swa_layers > 0 {
+        (swa_row + CHECKPOINT_CELL_META) * window_cells
+    } else {
+        0
+    };
     let checkpoints = if f.build >= CHECKPOINTS_FROM {
-        u128::from(CTX_CHECKPOINTS) * (swa_kv + recurrent)
+        u128::from(CTX_CHECKPOINTS) * (window * parallel + recurrent)
     } else {
         0
     };
@@ -360,10 +376,11 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         basis += &format!(
             " + context checkpoints {} ({CTX_CHECKPOINTS} per slot of its {})",
             human_bytes(bytes(checkpoints)),
-            match (swa_kv > 0, recurrent > 0) {
-                (true, true) => "sliding-window cache and recurrent state",
-                (true, false) => "sliding-window cache",
-                _ => "recurrent state",
+            match (window > 0, recurrent > 0) {
+                (true, true) =>
+                    format!("last {window_cells} sliding-window tokens and recurrent state"),
+                (true, false) => format!("last {window_cells} sliding-window tokens"),
+                _ => "recurrent state".to_string(),
             }
         );
     }
@@ -382,6 +399,7 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         kv: bytes(kv),
         recurrent: bytes(recurrent),
         checkpoints: bytes(checkpoints),
+        checkpoint_window: if window > 0 { bytes(window_cells) } else { 0 },
         compute: bytes(compute),
         engine: eng,
         overhead: bytes(overhead),
@@ -448,6 +466,7 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128
         kv: 0,
         recurrent: 0,
         checkpoints: 0,
+        checkpoint_window: 0,
         compute: bytes(compute + margin),
         engine: engine::Engine {
             fixed: engine::FIXED,

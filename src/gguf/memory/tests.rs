@@ -69,8 +69,21 @@ fn gemma3_27b_sliding_window_layers_keep_only_the_window() {
     // 10 global layers x 32768 cells + 52 SWA layers x 1536 cells, 8 KiB per layer per token.
     assert_eq!(e.kv, (10 * 32768 + 52 * 1536) * 8192);
     assert_eq!(e.kv >> 20, 3184);
-    // Checkpoints copy the sliding-window part of the slot only.
-    assert_eq!(e.checkpoints, CTX_CHECKPOINTS * 52 * 1536 * 8192);
+    // Checkpoints copy the cells the window still sees (1024 of the 1536), with 12 bytes of
+    // position and sequence id each, of the sliding-window layers only.
+    assert_eq!(e.checkpoints, CTX_CHECKPOINTS * 1024 * (52 * 8192 + 12));
+    assert!(
+        e.basis
+            .contains("(2 per slot of its last 1024 sliding-window tokens)"),
+        "{}",
+        e.basis
+    );
+    // A slot shorter than the window checkpoints all of its cells.
+    let short = estimate(&h, &flags(2048, 4));
+    assert_eq!(
+        short.checkpoints,
+        CTX_CHECKPOINTS * 4 * 512 * (52 * 8192 + 12)
+    );
 }
 
 #[test]
