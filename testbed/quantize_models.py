@@ -19,8 +19,9 @@ the same bytes again on request). Before it starts, the script projects the disk
 and refuses when less than --reserve-gib would be left free.
 
 Prints one line per file as it is done, then the set with sizes, the disk used and the time.
-On 2 busy cores the five small families take about 12 minutes and each big one about 30
-(IQ4_XS is the slowest type, 14 minutes for llama); the whole set is about 29 GiB, 39 with
+On the test bed's 2 cores (a memory benchmark running beside it) the five small families took
+4 minutes, llama 9 and qwen2 7.5 (IQ4_XS is the slowest type, about 5 minutes for each big
+one), gemma3 8.5: about 29 minutes for the whole set, which is about 29 GiB, 39 with
 --keep-f16 all.
 """
 from __future__ import annotations
