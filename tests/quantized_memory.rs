@@ -4,9 +4,9 @@
 //! by the real llama-server with the Catalog stage's flags, every slot busy at once and one of
 //! them (all of them, for a model that keeps context checkpoints, with the sliding window on
 //! top) with a prompt that fills a ubatch. The estimate must be at least the engine's peak RSS
-//! and at most 1.25 times it (the goal for models under 1 GiB), and the KV cache and recurrent
-//! state must equal the engine's own figures. One row misses that goal and is held to what it
-//! gives today (see `ROWS`).
+//! and at most 1.25 times it (1.10 for the model of 1 GiB and more), and the KV cache and
+//! recurrent state must equal the engine's own figures. One row, a tiny model that is nearly
+//! all vocabulary, misses that goal and is held to what it gives today (see `ROWS`).
 
 mod support;
 
@@ -24,9 +24,11 @@ const UBATCH: u64 = 512;
 const MIB: f64 = (1u64 << 20) as f64;
 /// The goal for models under 1 GiB.
 const OVER: f64 = 1.25;
+/// The goal for models of 1 GiB and more.
+const OVER_LARGE: f64 = 1.10;
 
 /// (family, vocabulary of the sdist, size, type, most estimate / peak RSS allowed).
-const ROWS: [(&str, &str, &str, &str, f64); 6] = [
+const ROWS: [(&str, &str, &str, &str, f64); 7] = [
     // F16, a 32k SPM vocabulary, a width (896) no k-quant divides.
     ("phi3", "phi-3", "bench", "F16", OVER),
     // Legacy 8-bit over a 151k vocabulary and 16 experts.
@@ -37,6 +39,9 @@ const ROWS: [(&str, &str, &str, &str, f64); 6] = [
     ("granitehybrid", "llama-bpe", "bench", "Q4_0", OVER),
     // An i-quant in a recurrent model.
     ("mamba2", "gpt-neox", "bench", "IQ4_XS", OVER),
+    // The largest vocabulary (262k, tied) in a model of 1.17 GiB with sliding-window layers of
+    // 1024 tokens: every slot ends with two full context checkpoints.
+    ("gemma3", "gemma-4", "bench", "Q4_K_M", OVER_LARGE),
     // The largest vocabulary (262k, tied) on a 64-wide body: its tables and samplers are nearly
     // all of it. Not yet within the goal: the peak RSS is the same at 1 and 4 slots (164.5 MiB,
     // reached while loading: 151 MiB stay resident once the loader frees its GGUF copy of the
@@ -201,7 +206,7 @@ async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
 }
 
 #[tokio::test]
-async fn the_estimate_covers_the_peak_of_real_quantized_models_and_is_at_most_a_quarter_above() {
+async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals() {
     let server = testbed_script("build-llama-server.sh");
     let quantize = testbed_script_with("build-llama-tool.sh", &["llama-quantize"]);
     let dir = tempfile::tempdir().unwrap();
