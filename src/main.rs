@@ -90,17 +90,21 @@ async fn main() -> ExitCode {
         }
         Command::Mirror(config) => {
             telemetry::init_logs(cli.log_format);
-            modelserve::mirror::run(config).await
+            until_sigterm("mirror", modelserve::mirror::run(config), 0).await
         }
         Command::Pull(args) => {
             telemetry::init_logs(cli.log_format);
-            modelserve::pull::run(args).await
+            // Stopped before the copy is whole: the pod must not start its server.
+            until_sigterm("pull", modelserve::pull::run(args), 143).await
         }
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);
-            modelserve::controller::run(config)
-                .await
-                .map_err(|e| e.to_string())
+            let run = async {
+                modelserve::controller::run(config)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            until_sigterm("controller", run, 0).await
         }
     };
     match result {
@@ -108,6 +112,30 @@ async fn main() -> ExitCode {
         Err(message) => {
             eprintln!("modelserve: {message}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a long-lived command until it ends or the process gets SIGTERM, then exits with
+/// status `on_term`. In a container the command is PID 1, which the kernel gives no default action for
+/// SIGTERM: without a handler the kubelet would wait out the whole grace period and SIGKILL it
+/// on every rollout. Nothing is lost by stopping at once: the mirror and pull write each file
+/// under a temporary name and rename it only once verified, so a stop mid-copy resumes later.
+async fn until_sigterm(
+    what: &str,
+    work: impl std::future::Future<Output = Result<(), String>>,
+    on_term: i32,
+) -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| format!("{what}: cannot handle SIGTERM: {e}"))?;
+    tokio::select! {
+        r = work => r,
+        _ = term.recv() => {
+            tracing::info!(command = what, "SIGTERM: stopping");
+            // Exit here, not by returning: tasks still hashing or writing would hold up the
+            // runtime's shutdown.
+            std::process::exit(on_term)
         }
     }
 }

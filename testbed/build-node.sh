@@ -11,16 +11,22 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOWORK=off
 gover="$(go env GOVERSION)"
 out="${MODELSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelserve}/testbed-node-${K8S_VERSION}-containerd-${CONTAINERD_VERSION}-${gover}"
+fail() { echo "testbed build-node: $1 failed; see the output above" >&2; exit 1; }
+# Debian's packages, installed when missing (the test bed runs as root).
+missing=()
+for pair in runc:runc /usr/lib/cni/bridge:containernetworking-plugins gcc:gcc ip:iproute2 pkill:procps; do
+  command -v "${pair%%:*}" >/dev/null || [ -x "${pair%%:*}" ] || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "testbed build-node: installing ${missing[*]} from Debian" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null; } \
+    || fail "apt-get install ${missing[*]}"
+fi
 have() { [ -x "$out/$1" ]; }
 if have kubelet && have containerd && have containerd-shim-runc-v2 && have ctr && [ -f "$out/pause.tar" ] \
    && [ -f "$out/.complete" ]; then
   echo "$out"; exit 0
 fi
-fail() { echo "testbed build-node: $1 failed; see the output above" >&2; exit 1; }
-for pair in runc:runc /usr/lib/cni/bridge:containernetworking-plugins gcc:gcc; do
-  command -v "${pair%%:*}" >/dev/null || [ -x "${pair%%:*}" ] \
-    || fail "finding ${pair%%:*} (apt-get install ${pair#*:})"
-done
 mkdir -p "$out"
 start=$(date +%s)
 minor="$(echo "$K8S_VERSION" | cut -d. -f2)"

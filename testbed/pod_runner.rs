@@ -3,8 +3,8 @@
 //! the pod's IP exactly as in production (kwok hands out pod IPs from 127.1.0.0/16, and all of
 //! 127/8 is local on Linux).
 //!
-//! For each pod labelled `app.kubernetes.io/managed-by=modelserve` that has a pod IP and is not
-//! terminating, it makes `<workdir>/<namespace>/<pod>/`, maps the pod's volumes to directories in
+//! For each pod labelled `app.kubernetes.io/managed-by=modelserve` that has a loopback pod IP (a
+//! kwok node's: a real node's pods have their own kubelet) and is not terminating, it makes `<workdir>/<namespace>/<pod>/`, maps the pod's volumes to directories in
 //! it (emptyDir: empty; secret: one file per key, read from the API), runs the init containers in
 //! order (`modelserve` is the binary given by `--modelserve-bin`), then the main container with
 //! the binary given by `--llama-server-bin`, listening on the pod IP. Arguments that start with a
@@ -147,7 +147,7 @@ async fn sync(
                 .as_ref()?
                 .pod_ip
                 .clone()
-                .filter(|ip| !ip.is_empty())?;
+                .filter(|ip| runs_here(ip))?;
             Some((p.uid()?, (p, ip)))
         })
         .collect();
@@ -186,6 +186,13 @@ async fn sync(
             },
         );
     }
+}
+
+/// Whether a pod at this IP is pod-runner's to run: kwok's pod IPs are loopback addresses, and a
+/// process here can listen on them. A real node's pods (an address of its bridge) are its kubelet's.
+fn runs_here(ip: &str) -> bool {
+    ip.parse::<std::net::IpAddr>()
+        .is_ok_and(|a| a.is_loopback())
 }
 
 /// Kills a pod's processes and removes its directory.
@@ -556,6 +563,14 @@ async fn run_process(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_pods_at_loopback_addresses_are_run_here() {
+        assert!(runs_here("127.1.0.7"));
+        assert!(!runs_here("10.213.0.4"), "a real node's pod");
+        assert!(!runs_here(""));
+        assert!(!runs_here("not an ip"));
+    }
 
     #[test]
     fn mount_paths_are_mapped_alone_in_folders_and_after_flags() {

@@ -73,7 +73,10 @@ fn the_dockerfile_and_build_image_sh_build_the_same_image() {
         ("ENV PATH=/usr/local/bin", "--env PATH=/usr/local/bin"),
     ];
     for (docker, ours) in want {
-        assert!(stage.iter().any(|l| l == docker), "Dockerfile lacks {docker:?}: {stage:?}");
+        assert!(
+            stage.iter().any(|l| l == docker),
+            "Dockerfile lacks {docker:?}: {stage:?}"
+        );
         assert!(script.contains(ours), "build-image.sh lacks {ours:?}");
     }
     // The build stage's Rust is one this crate builds with.
@@ -90,11 +93,17 @@ fn the_dockerfile_and_build_image_sh_build_the_same_image() {
         .split('.')
         .map(|n| n.parse().unwrap())
         .collect();
-    assert!(rust >= needed, "Dockerfile's rust:{rust:?} is older than rust-version {needed:?}");
+    assert!(
+        rust >= needed,
+        "Dockerfile's rust:{rust:?} is older than rust-version {needed:?}"
+    );
     // The pods the operator generates and the chart run as the image's user.
     for template in ["deployment.yaml", "mirror.yaml"] {
         let t = read(&format!("charts/modelserve/templates/{template}"));
-        assert!(t.contains("runAsUser: 65532"), "{template} runs as another user");
+        assert!(
+            t.contains("runAsUser: 65532"),
+            "{template} runs as another user"
+        );
     }
 }
 
@@ -104,8 +113,11 @@ fn sha256(bytes: &[u8]) -> String {
 
 fn blob(dir: &Path, desc: &Value) -> Vec<u8> {
     let digest = desc["digest"].as_str().unwrap();
-    let bytes = std::fs::read(dir.join("blobs/sha256").join(digest.trim_start_matches("sha256:")))
-        .unwrap_or_else(|e| panic!("blob {digest}: {e}"));
+    let bytes = std::fs::read(
+        dir.join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:")),
+    )
+    .unwrap_or_else(|e| panic!("blob {digest}: {e}"));
     assert_eq!(sha256(&bytes), digest, "a blob's name is its digest");
     assert_eq!(desc["size"].as_u64(), Some(bytes.len() as u64));
     bytes
@@ -141,21 +153,33 @@ fn oci_image_py_writes_an_archive_a_runtime_loads() {
     let archive = write_image(tmp.path(), "one");
     let dir = tmp.path().join("x");
     std::fs::create_dir(&dir).unwrap();
-    run(Command::new("tar").arg("-xf").arg(&archive).arg("-C").arg(&dir));
-    let layout: Value = serde_json::from_slice(&std::fs::read(dir.join("oci-layout")).unwrap()).unwrap();
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&dir));
+    let layout: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("oci-layout")).unwrap()).unwrap();
     assert_eq!(layout["imageLayoutVersion"], "1.0.0");
-    let index: Value = serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    let index: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
     let entry = &index["manifests"][0];
     let name = "localhost/test/one:server-b11312";
     assert_eq!(entry["annotations"]["io.containerd.image.name"], name);
-    assert_eq!(entry["annotations"]["org.opencontainers.image.ref.name"], name);
+    assert_eq!(
+        entry["annotations"]["org.opencontainers.image.ref.name"],
+        name
+    );
     assert_eq!(modelserve::gguf::support::build_of_image(name), Some(11312));
 
     let manifest: Value = serde_json::from_slice(&blob(&dir, entry)).unwrap();
     let config: Value = serde_json::from_slice(&blob(&dir, &manifest["config"])).unwrap();
     assert_eq!(config["os"], "linux");
     assert_eq!(config["config"]["User"], "65532:65532");
-    assert_eq!(config["config"]["Entrypoint"], serde_json::json!(["/app/tool"]));
+    assert_eq!(
+        config["config"]["Entrypoint"],
+        serde_json::json!(["/app/tool"])
+    );
     assert_eq!(config["config"]["Env"], serde_json::json!(["A=1"]));
     assert_eq!(config["config"]["Labels"]["k"], "v");
 
@@ -163,11 +187,17 @@ fn oci_image_py_writes_an_archive_a_runtime_loads() {
     // path and mode, owned by root, with /tmp sticky.
     let layers = manifest["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 1);
-    assert_eq!(layers[0]["mediaType"], "application/vnd.oci.image.layer.v1.tar+gzip");
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
     let packed = tmp.path().join("layer.tar.gz");
     std::fs::write(&packed, blob(&dir, &layers[0])).unwrap();
     let raw = run(Command::new("gzip").arg("-dc").arg(&packed)).stdout;
-    assert_eq!(config["rootfs"]["diff_ids"][0].as_str(), Some(sha256(&raw).as_str()));
+    assert_eq!(
+        config["rootfs"]["diff_ids"][0].as_str(),
+        Some(sha256(&raw).as_str())
+    );
     std::fs::write(tmp.path().join("layer.tar"), &raw).unwrap();
     let listing = String::from_utf8(
         run(Command::new("tar")
@@ -191,10 +221,13 @@ fn oci_image_py_writes_an_archive_a_runtime_loads() {
     // The same files give the same image: the archive is reproducible.
     let again = write_image(tmp.path(), "two");
     let digest = |p: &Path| {
-        let d = tmp.path().join(format!("d-{}", p.file_stem().unwrap().to_string_lossy()));
+        let d = tmp
+            .path()
+            .join(format!("d-{}", p.file_stem().unwrap().to_string_lossy()));
         std::fs::create_dir(&d).unwrap();
         run(Command::new("tar").arg("-xf").arg(p).arg("-C").arg(&d));
-        let i: Value = serde_json::from_slice(&std::fs::read(d.join("index.json")).unwrap()).unwrap();
+        let i: Value =
+            serde_json::from_slice(&std::fs::read(d.join("index.json")).unwrap()).unwrap();
         i["manifests"][0]["digest"].as_str().unwrap().to_string()
     };
     assert_eq!(digest(&archive), digest(&again));

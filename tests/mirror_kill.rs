@@ -195,3 +195,36 @@ async fn a_volume_that_fills_up_during_downloads_fails_clearly_and_serves_nothin
     mirror.kill().unwrap();
     let _ = mirror.wait();
 }
+
+/// As PID 1 of a container a process has no default action for SIGTERM; the mirror must act on
+/// it itself, or every rollout would wait out the pod's grace period before a SIGKILL.
+#[tokio::test]
+async fn sigterm_stops_the_mirror_with_success() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut mirror = start_mirror(dir.path(), port, "http://127.0.0.1:9");
+    let up = eventually(Duration::from_secs(60), async || {
+        let r = reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "the mirror did not come up on port {port}");
+    let pid = rustix::process::Pid::from_raw(mirror.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = eventually(Duration::from_secs(30), async || {
+        let s = mirror.try_wait().unwrap();
+        if s.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        s
+    })
+    .await;
+    let Some(status) = status else {
+        mirror.kill().unwrap();
+        panic!("the mirror was still running 30 s after SIGTERM");
+    };
+    // Killed by the signal, a process has no exit code; handling it, the mirror exits 0.
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}

@@ -165,7 +165,8 @@ async fn a_replica_bigger_than_every_node_is_unschedulable_in_the_schedulers_wor
     let d = place("place-big", "100Gi", "Unschedulable", |_| true).await;
     let m = message(&d.outcome);
     assert!(
-        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient memory"),
+        // The real node (tainted) may be counted too: the two kwok nodes lack the memory.
+        m.contains("cannot be scheduled: 0/") && m.contains("2 Insufficient memory"),
         "{m}"
     );
     assert!(m.ends_with("(a replica requests 100Gi of memory)"), "{m}");
@@ -358,7 +359,8 @@ async fn a_served_model_no_node_has_room_for_is_unschedulable() {
     assert_eq!(st.stage.as_deref(), Some("Place"));
     let (_, _, m) = condition(&st, "Placed");
     assert!(
-        m.contains("cannot be scheduled: 0/2 nodes are available: 2 Insufficient cpu")
+        m.contains("cannot be scheduled: 0/")
+            && m.contains("2 Insufficient cpu")
             && m.ends_with("(a replica requests 64Mi of memory)"),
         "{m}"
     );
