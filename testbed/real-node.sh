@@ -8,7 +8,8 @@
 # The node is named $TESTBED_REAL_NODE (default testbed-real), labelled type=real and tainted
 # modelserve.dev/real-node=true:NoSchedule, so only pods that tolerate it land there. Its pods get
 # addresses of $TESTBED_REAL_POD_CIDR on the bridge $TESTBED_REAL_BRIDGE, in network namespaces
-# that containerd creates; nothing is routed off the machine. The kubelet listens on 127.0.0.1
+# that containerd creates; nothing is routed off the machine. The bridge's own address (the
+# first of the range, in STATE/node-NAME/gateway) is where the pods reach services of the host. The kubelet listens on 127.0.0.1
 # only and allows anonymous requests (test bed only: the API server has no client certificate).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,6 +60,15 @@ cmd_up() {
   [ -d /run/netns ] || touch "$dir/made-run-netns"  # the CNI plugins create it for the pods
   local sock="$dir/containerd/containerd.sock"
 
+  # The bridge and its gateway address exist before the first pod (the CNI plugin takes them as
+  # they are), so that a service of the test bed can listen on the gateway for the pods: they
+  # reach the host there, and nothing else off their namespace.
+  local gateway="${CIDR%.*}.1" prefix="${CIDR#*/}"
+  ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge || die "creating the bridge $BRIDGE"
+  ip addr show dev "$BRIDGE" | grep -q "inet $gateway/$prefix " || ip addr add "$gateway/$prefix" dev "$BRIDGE" \
+    || die "giving $BRIDGE the address $gateway/$prefix"
+  ip link set "$BRIDGE" up || die "bringing $BRIDGE up"
+  echo "$gateway" >"$dir/gateway"
   cat >"$dir/cni/net.d/10-testbed.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "testbed-$NODE", "plugins": [
   {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,

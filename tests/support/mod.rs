@@ -121,12 +121,26 @@ impl Testbed {
             "-f",
             &repo_path("crds/modelserve.yaml"),
         ]);
-        self.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/modelserves.modelserve.dev",
-            "--timeout=30s",
-        ]);
+        // kubectl wait fails at once, instead of waiting, while the new CRD has no conditions
+        // yet ("status.conditions accessor error"): ask again, a bounded number of times.
+        for _ in 0..60 {
+            let out = self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "crd/modelserves.modelserve.dev",
+                "--timeout=30s",
+            ]);
+            if out.status.success() {
+                return;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("accessor error"),
+                "kubectl wait for the CRD: {err}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+        panic!("the ModelServe CRD had no conditions after 60 tries");
     }
 
     /// A fresh namespace, deleted when the returned guard drops.
@@ -380,10 +394,25 @@ pub async fn start_mirror_with(
     registry: &str,
     policy: modelserve::mirror::fetch::Policy,
 ) -> (String, tempfile::TempDir) {
+    serve_mirror(registry, policy, "127.0.0.1:0").await
+}
+
+/// A mirror service listening on `addr` (the real node's pods reach the host on its bridge).
+pub async fn start_mirror_at(registry: &str, addr: &str) -> (String, tempfile::TempDir) {
+    serve_mirror(registry, test_policy(), addr).await
+}
+
+async fn serve_mirror(
+    registry: &str,
+    policy: modelserve::mirror::fetch::Policy,
+    addr: &str,
+) -> (String, tempfile::TempDir) {
     use modelserve::mirror::{Mirror, router, store::Store};
     let dir = tempfile::tempdir().unwrap();
     let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .unwrap_or_else(|e| panic!("the mirror cannot listen on {addr}: {e}"));
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router(m)).await.unwrap() });
     (url, dir)
