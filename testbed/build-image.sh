@@ -32,12 +32,19 @@ version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n 1)"
 [ -n "$version" ] || fail "no version in Cargo.toml"
 arch="$(uname -m)"
 images=()
+# A package from Debian, installed when missing (as root, as the test bed runs).
+debian() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 1
+  echo "build-image: installing $1 from Debian" >&2
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null; }
+}
 
 modelserve_image() {
   local target="$arch-unknown-linux-musl" out="$cache/modelserve-$version-$arch.tar"
-  rustup target list --installed 2>/dev/null | grep -qx "$target" \
-    || fail "the Rust target $target is missing: rustup target add $target"
-  command -v musl-gcc >/dev/null || fail "musl-gcc is missing (ring compiles C): apt-get install musl-tools"
+  rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target" >&2 \
+    || fail "the Rust target $target is missing, and rustup target add $target failed"
+  command -v musl-gcc >/dev/null || debian musl-tools \
+    || fail "musl-gcc is missing (ring compiles C): apt-get install musl-tools"
   # cargo decides whether the binary is stale; the archive follows the binary.
   CC_x86_64_unknown_linux_musl=musl-gcc CC_aarch64_unknown_linux_musl=musl-gcc \
     cargo build --manifest-path "$root/Cargo.toml" --release --locked --target "$target" --bin modelserve >&2 \
@@ -60,7 +67,8 @@ modelserve_image() {
 engine_image() {
   local server out="$cache/llama-server-b$LLAMA_CPP_BUILD-$LLAMA_CPP_PYTHON_VERSION-$arch.tar"
   server="$(bash "$here/build-llama-server.sh" | tail -n 1)"
-  [ -x /bin/busybox ] || fail "busybox is missing (the engine image's shell): apt-get install busybox-static"
+  [ -x /bin/busybox ] || debian busybox-static \
+    || fail "busybox is missing (the engine image's shell): apt-get install busybox-static"
   if [ ! -f "$out" ] || [ "$server" -nt "$out" ] || [ "$0" -nt "$out" ]; then
     # Every library the binary links, under the path the loader finds it at (links resolved).
     local libs=() lib
