@@ -251,32 +251,26 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
         logs.contains("model loaded"),
         "kubectl logs shows the engine's log:\n{logs}"
     );
-    let uid = tb.kubectl_ok(&[
-        "exec",
-        "-n",
-        &ns.name,
-        &name,
-        "-c",
-        SERVER_CONTAINER,
-        "--",
-        "busybox",
-        "id",
-        "-u",
-    ]);
-    assert_eq!(uid.trim(), "65532");
+    // kubectl exec into the server container, busybox as its shell.
+    let exec = |args: &[&str]| {
+        let mut all = vec![
+            "exec",
+            "-n",
+            &ns.name,
+            &name,
+            "-c",
+            SERVER_CONTAINER,
+            "--",
+            "busybox",
+        ];
+        all.extend_from_slice(args);
+        tb.kubectl(&all)
+    };
+    let uid = exec(&["id", "-u"]);
+    assert!(uid.status.success(), "{uid:?}");
+    assert_eq!(String::from_utf8_lossy(&uid.stdout).trim(), "65532");
     // /tmp is world-writable in the image: only a read-only root refuses the write.
-    let write = tb.kubectl(&[
-        "exec",
-        "-n",
-        &ns.name,
-        &name,
-        "-c",
-        SERVER_CONTAINER,
-        "--",
-        "busybox",
-        "touch",
-        "/tmp/x",
-    ]);
+    let write = exec(&["touch", "/tmp/x"]);
     assert!(!write.status.success(), "the root filesystem is read-only");
     assert!(
         String::from_utf8_lossy(&write.stderr).contains("Read-only file system"),
