@@ -211,7 +211,8 @@ cmd_down() {
     local kept; kept="$(grep -v " $NODE $HOSTS_MARK\$" /etc/hosts)"
     printf '%s\n' "$kept" >/etc/hosts
   fi
-  [ -f "$dir/made-run-netns" ] && rmdir /run/netns 2>/dev/null
+  # Made by the CNI plugins for the first pod, if one ran; removed only if it was not there before.
+  if [ -f "$dir/made-run-netns" ]; then rmdir /run/netns 2>/dev/null || true; fi
   rm -rf "$dir"
   say "node $NODE removed"
 }

@@ -71,6 +71,11 @@ fn non_default_values(watch: &str, token_ns: &str) -> Vec<String> {
         "mirror.storage.size=1.5Ti".into(),
         "mirror.storage.storageClass=fast-ssd".into(),
         "mirror.nodeSelector.disk=ssd".into(),
+        "mirror.url=http://10.0.0.5:9000".into(),
+        "mirror.hostNetwork=true".into(),
+        "operator.hostNetwork=true".into(),
+        "operator.apiServer.host=10.0.0.1".into(),
+        "operator.apiServer.port=6443".into(),
     ]
     .into()
 }
@@ -207,6 +212,15 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
     );
     assert_eq!(env(c, "MODELSERVE_WATCH_NAMESPACE"), None);
     assert_eq!(env(c, "MODELSERVE_DEFAULT_TOKEN_SECRET"), None);
+    assert_eq!(
+        env(c, "KUBERNETES_SERVICE_HOST"),
+        None,
+        "the in-cluster address"
+    );
+    assert_eq!(
+        operator["spec"]["template"]["spec"]["hostNetwork"],
+        Value::Null
+    );
 
     // The mirror writes only to its volume and /tmp; it has no API token.
     let pod = &mirror["spec"]["template"]["spec"];
@@ -262,10 +276,9 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         "log format"
     );
     for (name, value) in [
-        (
-            "MODELSERVE_MIRROR_URL",
-            "http://ms-modelserve-mirror.ops.svc:9000",
-        ),
+        ("MODELSERVE_MIRROR_URL", "http://10.0.0.5:9000"),
+        ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+        ("KUBERNETES_SERVICE_PORT", "6443"),
         ("MODELSERVE_WATCH_NAMESPACE", "apps"),
         ("MODELSERVE_DEFAULT_TOKEN_SECRET", "tokens/hf"),
         (
@@ -288,7 +301,9 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
     ] {
         assert_eq!(env(c, name), Some(value), "{name}");
     }
+    assert_eq!(operator["spec"]["template"]["spec"]["hostNetwork"], true);
     let mirror = find(&docs, "StatefulSet", "ms-modelserve-mirror");
+    assert_eq!(mirror["spec"]["template"]["spec"]["hostNetwork"], true);
     let m = &mirror["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(env(m, "MODELSERVE_MIRROR_ADDR"), Some("0.0.0.0:9000"));
     assert_eq!(env(m, "MODELSERVE_MIRROR_CONNECTIONS"), Some("8"));
@@ -307,6 +322,23 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         json!({"kubernetes.io/metadata.name": "apps"}),
         "replicas live in the watched namespace only"
     );
+
+    // A mirror outside the chart: the operator is told where, and no mirror is installed.
+    let (_, docs) = render(
+        &tb,
+        "ops",
+        &[
+            "mirror.enabled=false".into(),
+            "mirror.url=https://models.internal.example".into(),
+        ],
+    );
+    let c =
+        &find(&docs, "Deployment", "ms-modelserve")["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env(c, "MODELSERVE_MIRROR_URL"),
+        Some("https://models.internal.example")
+    );
+    assert!(!docs.iter().any(|d| d["kind"] == "StatefulSet"));
 
     // registry.token becomes a Secret of the chart, used as the default.
     let (_, docs) = render(&tb, "ops", &["registry.token=hf_abc".into()]);
@@ -363,6 +395,10 @@ fn wrong_values_are_rejected_with_a_message_naming_the_value() {
         (
             "registry.endpoint=huggingface.co",
             "at '/registry/endpoint': 'huggingface.co' does not match pattern",
+        ),
+        (
+            "mirror.url=mirror:8090",
+            "at '/mirror/url': 'mirror:8090' does not match pattern",
         ),
         (
             "operator.watchNamespace=Team_A",

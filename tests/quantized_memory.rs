@@ -10,14 +10,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use futures::FutureExt;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, logged};
+use support::models::quantized;
 use support::{testbed_script, testbed_script_with};
 
 const UBATCH: u64 = 512;
@@ -50,49 +50,6 @@ const ROWS: [(&str, &str, &str, &str, f64); 7] = [
     // so it cannot get worse unseen.
     ("gemma3", "gemma-4", "tiny", "Q4_K_M", 1.31),
 ];
-
-fn run(cmd: &mut Command, what: &str) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The row's model file: written by gen_gguf.py in F16, then quantized.
-fn model(
-    dir: &Path,
-    quantize: &Path,
-    (family, vocab, size, quant): (&str, &str, &str, &str),
-) -> PathBuf {
-    let printed = run(
-        Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-            .arg(dir)
-            .args(["--arch", family, "--size", size, "--vocab", vocab]),
-        "gen_gguf.py",
-    );
-    let f16 = PathBuf::from(
-        printed
-            .lines()
-            .last()
-            .and_then(|l| l.split_whitespace().next())
-            .expect("gen_gguf.py prints the file"),
-    );
-    if quant == "F16" {
-        return f16;
-    }
-    let out = dir.join(format!("{family}-{size}-{vocab}-{quant}.gguf"));
-    run(
-        Command::new(quantize).arg(&f16).arg(&out).arg(quant),
-        "llama-quantize",
-    );
-    std::fs::remove_file(&f16).unwrap();
-    out
-}
 
 /// llama-server with the pods' flags (src/pipeline/catalog/args.rs).
 fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
@@ -213,7 +170,7 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals(
     let http = reqwest::Client::new();
     let mut failures = Vec::new();
     for (family, vocab, size, quant, limit) in ROWS {
-        let path = model(dir.path(), &quantize, (family, vocab, size, quant));
+        let path = quantized(dir.path(), &quantize, (family, vocab, size, quant));
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         for (ctx, parallel) in [(4096, 1), (16384, 4)] {
             let e = estimate(&path, ctx, parallel).await;

@@ -9,6 +9,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Secret};
@@ -27,9 +28,14 @@ fn node_dir(tb: &Testbed) -> PathBuf {
     tb.kubeconfig.parent().unwrap().join(format!("node-{NODE}"))
 }
 
-/// Builds the two images (cached) and imports them into the node's containerd; returns the
-/// modelserve image and the engine image.
+/// Builds the two images (cached) and imports them into the node's containerd, once for all the
+/// tests of this file; returns the modelserve image and the engine image.
 fn images(tb: &Testbed) -> (String, String) {
+    static IMAGES: OnceLock<(String, String)> = OnceLock::new();
+    IMAGES.get_or_init(|| build_images(tb)).clone()
+}
+
+fn build_images(tb: &Testbed) -> (String, String) {
     let dir = node_dir(tb);
     let node_bin = std::fs::read_to_string(dir.join("bin")).unwrap_or_else(|e| {
         panic!(
@@ -75,7 +81,13 @@ async fn mirror_for_pods(tb: &Testbed, registry: &str) -> (String, tempfile::Tem
     support::start_mirror_at(registry, &format!("{}:0", gateway.trim())).await
 }
 
-fn spec(engine_image: &str, memory_limit: Option<&str>) -> serde_json::Value {
+/// A ModelServe of `repo` whose replicas run on the real node, with `slots` of `slot` tokens.
+fn spec(
+    repo: &str,
+    engine_image: &str,
+    memory_limit: Option<&str>,
+    (slot, slots): (u32, u32),
+) -> serde_json::Value {
     let mut engine = serde_json::json!({
         "image": engine_image,
         "nodeSelector": {"type": "real"},
@@ -85,10 +97,10 @@ fn spec(engine_image: &str, memory_limit: Option<&str>) -> serde_json::Value {
         engine["resources"] = serde_json::json!({"limits": {"memory": m}});
     }
     serde_json::json!({
-        "repo": "acme/TinyLlama-GGUF",
+        "repo": repo,
         "replicas": 1,
-        "contextSize": 2048,
-        "contextLength": 1024,
+        "contextSize": slot * slots,
+        "contextLength": slot,
         "smokeTest": {"prompt": "Say hello.", "maxTokens": 8},
         "engine": engine,
     })
@@ -155,10 +167,200 @@ fn find_dir(dir: &Path, name: &str, depth: usize) -> Option<PathBuf> {
     None
 }
 
-#[tokio::test]
-async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersized_one_is_oomkilled()
- {
-    let tb = Testbed::get();
+/// A replica the real node serves, as the tests found it.
+struct OnNode {
+    pod: String,
+    container_id: String,
+    address: String,
+    estimate: u64,
+    key: String,
+}
+
+/// Waits for `name` to be Ready, then checks that every step happened on the node: the pod is
+/// the node's, its container IDs come from containerd, the pull init container succeeded,
+/// `kubectl logs` shows the engine's log, and `kubectl exec` finds uid 65532 and a read-only
+/// root.
+async fn served_on_node(tb: &Testbed, namespace: &str, name: &str) -> OnNode {
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, namespace);
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, namespace);
+    let s = until(&api, name, "Ready", |st, _| st == "True", 300).await;
+    let smoke = s.smoke.clone().expect("status.smoke");
+    assert!(!smoke.reply.is_empty(), "{smoke:?}");
+    let address = s.placement.clone().expect("status.placement").address;
+    assert!(
+        address.starts_with("10.213.0."),
+        "a pod IP of the node's bridge: {address}"
+    );
+    let estimate = s
+        .check
+        .as_ref()
+        .and_then(|c| c.memory_bytes)
+        .expect("check.memoryBytes") as u64;
+
+    let pod = pods
+        .list(&ListParams::default().labels(&format!("modelserve.dev/model={name}")))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let pod_name = pod.metadata.name.clone().unwrap();
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
+    let status = pod.status.clone().unwrap();
+    let server = status
+        .container_statuses
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == SERVER_CONTAINER)
+        .expect("the server container");
+    let container_id = server.container_id.clone().unwrap_or_default();
+    assert!(
+        container_id.starts_with("containerd://"),
+        "the container ID comes from containerd: {container_id}"
+    );
+    let pull = status.init_container_statuses.unwrap_or_default();
+    assert!(
+        pull.iter().all(|c| c
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| t.exit_code == 0)),
+        "the pull init container ran and succeeded: {pull:?}"
+    );
+    let logs = tb.kubectl_ok(&["logs", "-n", namespace, &pod_name, "-c", SERVER_CONTAINER]);
+    assert!(
+        logs.contains("model loaded"),
+        "kubectl logs shows the engine's log:\n{logs}"
+    );
+    // kubectl exec into the server container, busybox as its shell.
+    let exec = |args: &[&str]| {
+        let mut all = vec![
+            "exec",
+            "-n",
+            namespace,
+            &pod_name,
+            "-c",
+            SERVER_CONTAINER,
+            "--",
+            "busybox",
+        ];
+        all.extend_from_slice(args);
+        tb.kubectl(&all)
+    };
+    let uid = exec(&["id", "-u"]);
+    assert!(uid.status.success(), "{uid:?}");
+    assert_eq!(String::from_utf8_lossy(&uid.stdout).trim(), "65532");
+    // /tmp is world-writable in the image: only a read-only root refuses the write.
+    let write = exec(&["touch", "/tmp/x"]);
+    assert!(!write.status.success(), "the root filesystem is read-only");
+    assert!(
+        String::from_utf8_lossy(&write.stderr).contains("Read-only file system"),
+        "{write:?}"
+    );
+    let secrets: Api<Secret> = Api::namespaced(tb.client().await, namespace);
+    let secret = secrets.get(&format!("{name}-engine-key")).await.unwrap();
+    let key = String::from_utf8(secret.data.unwrap()["key"].0.clone()).unwrap();
+    OnNode {
+        pod: pod_name,
+        container_id,
+        address,
+        estimate,
+        key,
+    }
+}
+
+/// `rounds` chat completions whose prompt fills the slot of `slot` tokens (less the chat
+/// template and the reply); then the server container's cgroup peak, which must stay under the
+/// estimate it was limited to, with no restart. Prints peak / estimate.
+async fn full_context_under_estimate(
+    tb: &Testbed,
+    namespace: &str,
+    what: &str,
+    served: &OnNode,
+    slot: usize,
+    rounds: usize,
+) {
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("http://{}{path}", served.address);
+    let tokens = async |text: &str| -> usize {
+        let r: serde_json::Value = http
+            .post(url("/tokenize"))
+            .bearer_auth(&served.key)
+            .json(&serde_json::json!({ "content": text }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        r["tokens"].as_array().map_or(0, Vec::len)
+    };
+    let sentence = "the quick brown fox jumps over the lazy dog. ";
+    let want = slot - 64;
+    let mut repeats = want / tokens(sentence).await.max(1);
+    let mut prompt = sentence.repeat(repeats);
+    let mut used = tokens(&prompt).await;
+    // The vocabulary merges across repeats: shrink until the slot holds it (a few steps).
+    for _ in 0..16 {
+        if used <= want {
+            break;
+        }
+        repeats = (repeats * want / used).saturating_sub(1).max(1);
+        prompt = sentence.repeat(repeats);
+        used = tokens(&prompt).await;
+    }
+    assert!(
+        used <= want && used * 10 >= want * 9,
+        "{what}: a prompt of {used} tokens for a slot of {slot}"
+    );
+    for _ in 0..rounds {
+        let r = http
+            .post(url("/v1/chat/completions"))
+            .bearer_auth(&served.key)
+            .timeout(Duration::from_secs(600))
+            .json(&serde_json::json!({
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 16,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{what}: {}",
+            r.text().await.unwrap_or_default()
+        );
+    }
+    let peak = cgroup_peak(&served.container_id).expect("the server container's memory cgroup");
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, namespace);
+    let restarts = pods
+        .get(&served.pod)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .container_statuses
+        .unwrap()
+        .iter()
+        .map(|c| c.restart_count)
+        .sum::<i32>();
+    assert_eq!(
+        restarts, 0,
+        "{what}: no container restarted (OOMKilled or otherwise)"
+    );
+    println!(
+        "real node: {what}: {rounds} completions of {used} prompt tokens in a slot of {slot}: cgroup peak {:.1} MiB of the estimate {:.1} MiB ({:.3})",
+        peak as f64 / (1 << 20) as f64,
+        served.estimate as f64 / (1 << 20) as f64,
+        peak as f64 / served.estimate as f64
+    );
+    assert!(
+        peak <= served.estimate,
+        "{what}: the engine stayed under the estimate it was limited to"
+    );
+}
+
+/// The node the test bed must have, running containerd.
+async fn real_node(tb: &Testbed) {
     let nodes: Api<Node> = Api::all(tb.client().await);
     let node = nodes.get(NODE).await.unwrap_or_else(|e| {
         panic!("no node {NODE} ({e}): start the test bed with its real node, `scripts/testbed up`")
@@ -169,6 +371,13 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
             .is_some_and(|i| i.container_runtime_version.starts_with("containerd://")),
         "{NODE} runs containerd"
     );
+}
+
+#[tokio::test]
+async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersized_one_is_oomkilled()
+ {
+    let tb = Testbed::get();
+    real_node(&tb).await;
     let (pull_image, engine_image) = images(&tb);
     tb.install_crd();
     let ns = tb.namespace("realnode");
@@ -195,144 +404,23 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
         ],
     );
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
-    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
 
-    // Sized by Check: Ready with the smoke reply, every step on the node.
+    // Sized by Check: Ready with the smoke reply, every step on the node, and a few completions
+    // at the model's full context (two slots of 1024) under the limit Check set.
+    let tiny = "acme/TinyLlama-GGUF";
     let ms = ModelServe::new(
         "onnode",
-        serde_json::from_value(spec(&engine_image, None)).unwrap(),
+        serde_json::from_value(spec(tiny, &engine_image, None, (1024, 2))).unwrap(),
     );
     api.create(&PostParams::default(), &ms).await.unwrap();
-    let s = until(&api, "onnode", "Ready", |st, _| st == "True", 300).await;
-    let smoke = s.smoke.clone().expect("status.smoke");
-    assert!(!smoke.reply.is_empty(), "{smoke:?}");
-    let address = s.placement.clone().expect("status.placement").address;
-    assert!(
-        address.starts_with("10.213.0."),
-        "a pod IP of the node's bridge: {address}"
-    );
-    let estimate = s
-        .check
-        .as_ref()
-        .and_then(|c| c.memory_bytes)
-        .expect("check.memoryBytes") as u64;
-
-    let pod = pods
-        .list(&ListParams::default().labels("modelserve.dev/model=onnode"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
-    let name = pod.metadata.name.clone().unwrap();
-    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
-    let status = pod.status.clone().unwrap();
-    let server = status
-        .container_statuses
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.name == SERVER_CONTAINER)
-        .expect("the server container");
-    let id = server.container_id.clone().unwrap_or_default();
-    assert!(
-        id.starts_with("containerd://"),
-        "the container ID comes from containerd: {id}"
-    );
-    let pull = status.init_container_statuses.unwrap_or_default();
-    assert!(
-        pull.iter().all(|c| c
-            .state
-            .as_ref()
-            .and_then(|s| s.terminated.as_ref())
-            .is_some_and(|t| t.exit_code == 0)),
-        "the pull init container ran and succeeded: {pull:?}"
-    );
-    let logs = tb.kubectl_ok(&["logs", "-n", &ns.name, &name, "-c", SERVER_CONTAINER]);
-    assert!(
-        logs.contains("model loaded"),
-        "kubectl logs shows the engine's log:\n{logs}"
-    );
-    // kubectl exec into the server container, busybox as its shell.
-    let exec = |args: &[&str]| {
-        let mut all = vec![
-            "exec",
-            "-n",
-            &ns.name,
-            &name,
-            "-c",
-            SERVER_CONTAINER,
-            "--",
-            "busybox",
-        ];
-        all.extend_from_slice(args);
-        tb.kubectl(&all)
-    };
-    let uid = exec(&["id", "-u"]);
-    assert!(uid.status.success(), "{uid:?}");
-    assert_eq!(String::from_utf8_lossy(&uid.stdout).trim(), "65532");
-    // /tmp is world-writable in the image: only a read-only root refuses the write.
-    let write = exec(&["touch", "/tmp/x"]);
-    assert!(!write.status.success(), "the root filesystem is read-only");
-    assert!(
-        String::from_utf8_lossy(&write.stderr).contains("Read-only file system"),
-        "{write:?}"
-    );
-
-    // A few completions at the model's full context, under the limit Check set.
-    let secrets: Api<Secret> = Api::namespaced(tb.client().await, &ns.name);
-    let secret = secrets.get("onnode-engine-key").await.unwrap();
-    let key = String::from_utf8(secret.data.unwrap()["key"].0.clone()).unwrap();
-    let http = reqwest::Client::new();
-    // About 900 tokens of the tiny model's byte-level vocabulary: its slot holds 1024.
-    let filler = "the quick brown fox jumps over the lazy dog ".repeat(25);
-    for _ in 0..3 {
-        let r = http
-            .post(format!("http://{address}/v1/chat/completions"))
-            .bearer_auth(&key)
-            .json(&serde_json::json!({
-                "messages": [{"role": "user", "content": filler}],
-                "max_tokens": 16,
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            r.status().is_success(),
-            "{}",
-            r.text().await.unwrap_or_default()
-        );
-    }
-    let peak = cgroup_peak(&id).expect("the server container's memory cgroup");
-    let restarts = pods
-        .get(&name)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .container_statuses
-        .unwrap()
-        .iter()
-        .map(|c| c.restart_count)
-        .sum::<i32>();
-    assert_eq!(
-        restarts, 0,
-        "no container restarted (OOMKilled or otherwise)"
-    );
-    println!(
-        "real node: cgroup peak {:.1} MiB of the estimate {:.1} MiB ({:.3})",
-        peak as f64 / (1 << 20) as f64,
-        estimate as f64 / (1 << 20) as f64,
-        peak as f64 / estimate as f64
-    );
-    assert!(
-        peak <= estimate,
-        "the engine stayed under the estimate it was limited to"
-    );
+    let served = served_on_node(&tb, &ns.name, "onnode").await;
+    full_context_under_estimate(&tb, &ns.name, "the demo model", &served, 1024, 3).await;
 
     // Undersized by hand (the tiny model peaks near 11 MiB): the kernel OOM-kills the server,
     // and Place says so from the kubelet.
     let small = ModelServe::new(
         "toosmall",
-        serde_json::from_value(spec(&engine_image, Some("6Mi"))).unwrap(),
+        serde_json::from_value(spec(tiny, &engine_image, Some("6Mi"), (1024, 2))).unwrap(),
     );
     api.create(&PostParams::default(), &small).await.unwrap();
     let s = until(
@@ -346,4 +434,228 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
     let (_, reason, message) = condition(&s, "Placed");
     assert_eq!(reason, "OOMKilled", "{message}");
     println!("real node: undersized model: Placed False OOMKilled: {message}");
+}
+
+/// The test bed's API server port, from its kubeconfig (`server: "https://127.0.0.1:PORT"`).
+fn api_port(tb: &Testbed) -> u16 {
+    let kubeconfig = std::fs::read_to_string(&tb.kubeconfig).unwrap();
+    kubeconfig
+        .split("https://127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .expect("the kubeconfig names the API server on 127.0.0.1")
+}
+
+/// What the chart test made outside its namespace: the mirror's PersistentVolume and the node
+/// directory behind it, removed when the test ends however it ends.
+struct Store<'a> {
+    tb: &'a Testbed,
+    pv: String,
+    dir: PathBuf,
+}
+
+impl Drop for Store<'_> {
+    fn drop(&mut self) {
+        let _ = self.tb.kubectl(&["delete", "pv", &self.pv, "--wait=false"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Helm release, uninstalled when the test ends.
+struct Release<'a> {
+    tb: &'a Testbed,
+    name: String,
+    namespace: String,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .tb
+            .command("helm")
+            .args(["uninstall", &self.name, "--namespace", &self.namespace])
+            .args(["--wait", "--timeout=60s"])
+            .output();
+    }
+}
+
+/// The chart as a user installs it, on the test bed: the operator and the mirror run as real
+/// pods of the real node in the image built here (imported, never pulled), and take a quantized
+/// model of the memory benchmark to Ready; its replica serves at full context under the
+/// estimate. The test bed's API server listens on the node's loopback, so the operator runs
+/// with hostNetwork and that address, and the mirror with hostNetwork on the bridge's gateway,
+/// where the replicas' pull init containers reach it (the test bed has no cluster DNS).
+#[tokio::test]
+async fn the_chart_runs_the_operator_and_the_mirror_on_the_real_node_and_they_serve_a_quantized_model()
+ {
+    let tb = Testbed::get();
+    real_node(&tb).await;
+    let (image, engine_image) = images(&tb);
+    let (repository, tag) = image.rsplit_once(':').unwrap();
+    tb.install_crd();
+
+    // deepseek2 at Q4_K_M (latent attention, a 128k vocabulary), a row of the memory benchmark.
+    let quantize = support::testbed_script_with("build-llama-tool.sh", &["llama-quantize"]);
+    let models = tempfile::tempdir().unwrap();
+    let path = support::models::quantized(
+        models.path(),
+        &quantize,
+        ("deepseek2", "llama-bpe", "bench", "Q4_K_M"),
+    );
+    let file = path.file_name().unwrap().to_string_lossy().into_owned();
+    let hub = FakeHub::start().await;
+    let repo = "bench/DeepSeek2-GGUF";
+    hub.add_repo(
+        repo,
+        vec![HubFile::with_bytes(&file, std::fs::read(&path).unwrap())],
+    );
+
+    let ns = tb.namespace("realchart");
+    let release = Release {
+        tb: &tb,
+        name: "ms".into(),
+        namespace: ns.name.clone(),
+    };
+    // The mirror's volume: a directory of the node, owned by the mirror's user (a hostPath
+    // volume takes no fsGroup), bound to the StatefulSet's claim in advance.
+    let dir = std::env::temp_dir().join(format!("modelserve-realnode-store-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65532), Some(65532)).unwrap();
+    let store = Store {
+        tb: &tb,
+        pv: format!("{}-store", ns.name),
+        dir,
+    };
+    let pv = serde_json::json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": store.pv},
+        "spec": {
+            "capacity": {"storage": "2Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": store.dir, "type": "Directory"},
+            "claimRef": {"namespace": ns.name, "name": "store-ms-modelserve-mirror-0"},
+        },
+    });
+    let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &pv.to_string());
+    assert!(applied.status.success(), "{applied:?}");
+
+    let gateway = std::fs::read_to_string(node_dir(&tb).join("gateway")).unwrap();
+    let mirror_port = support::free_port();
+    let on_node = [
+        "nodeSelector.type=real".to_string(),
+        format!("tolerations[0].key={TAINT}"),
+        "tolerations[0].operator=Exists".into(),
+        "tolerations[0].effect=NoSchedule".into(),
+    ];
+    let mut values = vec![
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        format!("engine.image={engine_image}"),
+        // The test bed's llama-server is built for any x86-64 with AVX2 (no -march=native).
+        "engine.cpu=avx2".into(),
+        format!("registry.endpoint={}", hub.url),
+        format!("operator.watchNamespace={}", ns.name),
+        "operator.hostNetwork=true".into(),
+        "operator.apiServer.host=127.0.0.1".into(),
+        format!("operator.apiServer.port={}", api_port(&tb)),
+        format!("operator.metricsPort={}", support::free_port()),
+        "operator.placeGrace=20s".into(),
+        "mirror.hostNetwork=true".into(),
+        format!("mirror.port={mirror_port}"),
+        format!("mirror.url=http://{}:{mirror_port}", gateway.trim()),
+        "mirror.storage.size=2Gi".into(),
+    ];
+    for part in ["operator", "mirror"] {
+        values.extend(on_node.iter().map(|v| format!("{part}.{v}")));
+    }
+    let mut args = vec![
+        "install".to_string(),
+        release.name.clone(),
+        support::repo_path("charts/modelserve"),
+        "--namespace".into(),
+        ns.name.clone(),
+        "--skip-crds".into(),
+    ];
+    for v in values {
+        args.extend(["--set".into(), v]);
+    }
+    let out = tb.command("helm").args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for workload in [
+        "deployment/ms-modelserve",
+        "statefulset/ms-modelserve-mirror",
+    ] {
+        let rollout = tb.kubectl(&[
+            "rollout",
+            "status",
+            "-n",
+            &ns.name,
+            workload,
+            "--timeout=180s",
+        ]);
+        assert!(
+            rollout.status.success(),
+            "{workload}: {}{}\n{}",
+            String::from_utf8_lossy(&rollout.stdout),
+            String::from_utf8_lossy(&rollout.stderr),
+            tb.kubectl_ok(&["get", "pods,events", "-n", &ns.name, "-o", "wide"])
+        );
+    }
+    // Both run on the node, in containerd, from the imported image.
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let mut ran = Vec::new();
+    for component in ["controller", "mirror"] {
+        let pod = pods
+            .list(
+                &ListParams::default().labels(&format!("app.kubernetes.io/component={component}")),
+            )
+            .await
+            .unwrap()
+            .items
+            .remove(0);
+        assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
+        let c = pod.status.unwrap().container_statuses.unwrap().remove(0);
+        let id = c.container_id.unwrap_or_default();
+        assert!(id.starts_with("containerd://"), "{component}: {id}");
+        assert_eq!(c.image, image, "{component}");
+        ran.push(format!("{component} {}", id.get(..26).unwrap_or(&id)));
+    }
+    println!("real node: the chart's pods: {}", ran.join(", "));
+
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let slot = 4096;
+    let ms = ModelServe::new(
+        "deepseek2",
+        serde_json::from_value(spec(repo, &engine_image, None, (slot, 1))).unwrap(),
+    );
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let served = served_on_node(&tb, &ns.name, "deepseek2").await;
+    // The operator in the pod took it there: its log names the model's stages.
+    let operator_log = tb.kubectl_ok(&[
+        "logs",
+        "-n",
+        &ns.name,
+        "deployment/ms-modelserve",
+        "-c",
+        "controller",
+    ]);
+    assert!(
+        operator_log.contains("deepseek2"),
+        "the operator pod's log:\n{operator_log}"
+    );
+    full_context_under_estimate(&tb, &ns.name, "deepseek2 Q4_K_M", &served, slot as usize, 3).await;
+    api.delete("deepseek2", &Default::default()).await.unwrap();
+    drop(release);
+    drop(store);
 }

@@ -291,3 +291,48 @@ pub fn tiny_llama_gguf() -> Vec<u8> {
     );
     std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
 }
+
+fn run(cmd: &mut std::process::Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A real model of the memory benchmark: written by testbed/gen_gguf.py in F16 into `dir`, then
+/// quantized to `quant` by llama-quantize (F16: left as written).
+pub fn quantized(
+    dir: &std::path::Path,
+    quantize: &std::path::Path,
+    (family, vocab, size, quant): (&str, &str, &str, &str),
+) -> std::path::PathBuf {
+    use std::process::Command;
+    let printed = run(
+        Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
+            .arg(dir)
+            .args(["--arch", family, "--size", size, "--vocab", vocab]),
+        "gen_gguf.py",
+    );
+    let f16 = std::path::PathBuf::from(
+        printed
+            .lines()
+            .last()
+            .and_then(|l| l.split_whitespace().next())
+            .expect("gen_gguf.py prints the file"),
+    );
+    if quant == "F16" {
+        return f16;
+    }
+    let out = dir.join(format!("{family}-{size}-{vocab}-{quant}.gguf"));
+    run(
+        Command::new(quantize).arg(&f16).arg(&out).arg(quant),
+        "llama-quantize",
+    );
+    std::fs::remove_file(&f16).unwrap();
+    out
+}

@@ -38,7 +38,11 @@ app.kubernetes.io/component: mirror
 {{- end -}}
 
 {{- define "modelserve.mirrorURL" -}}
+{{- if .Values.mirror.url -}}
+{{ .Values.mirror.url }}
+{{- else -}}
 http://{{ include "modelserve.fullname" . }}-mirror.{{ .Release.Namespace }}.svc:{{ .Values.mirror.port }}
+{{- end -}}
 {{- end -}}
 
 {{/* The default token Secret as NAMESPACE/NAME, or empty. */}}
