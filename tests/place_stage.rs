@@ -365,3 +365,38 @@ async fn a_served_model_no_node_has_room_for_is_unschedulable() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn a_pod_the_api_server_refuses_is_failed_create_in_its_words_within_a_minute() {
+    // A quota on the namespace that the replica's memory limit exceeds: the ReplicaSet's create
+    // is refused by the API server's admission, and no pod ever exists.
+    let tb = Testbed::get();
+    let ns = tb.namespace("place-quota");
+    let quota = serde_json::json!({
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "mem", "namespace": ns.name},
+        "spec": {"hard": {"limits.memory": "100Mi"}},
+    });
+    let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &quota.to_string());
+    assert!(applied.status.success(), "{applied:?}");
+    let s = serve(&tb, &ns.name, "tiny", serde_json::json!({})).await;
+    let st = placed_as(&s.api, "tiny", "False", "FailedCreate").await;
+    assert_eq!(st.stage.as_deref(), Some("Place"));
+    let (_, _, m) = condition(&st, "Placed");
+    assert!(
+        m.starts_with("the API server refused the replica's pod (FailedCreate): pods \"tiny-")
+            && m.contains("is forbidden: exceeded quota: mem, requested: limits.memory=")
+            && m.contains("limited: limits.memory=100Mi"),
+        "{m}"
+    );
+    // From the Deployment's creation (Cataloged) to the failure, by the conditions' own times.
+    let at = |type_: &str| {
+        st.conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.last_transition_time.0.as_second())
+            .unwrap()
+    };
+    let secs = at("Placed") - at("Cataloged");
+    println!("FailedCreate {secs} s after Cataloged: {m}");
+}

@@ -56,6 +56,10 @@ pub enum PlaceFailure {
     OomKilled(String),
     #[error("{0}")]
     ImagePullFailed(String),
+    /// The API server refused the replica's pod (admission: a quota, a LimitRange, Pod Security,
+    /// a webhook), so the ReplicaSet has no pod to wait for.
+    #[error("{0}")]
+    FailedCreate(String),
     #[error("{0}")]
     Timeout(String),
 }
@@ -145,6 +149,10 @@ pub fn decide(
             );
             (outcome, Some(placement))
         }
+        // No pod at all, and the Deployment says why: the API server refused to create it.
+        Verdict::Progress(_) | Verdict::Timeout(_) if let Some(m) = refused(observed, &pods) => {
+            (Outcome::failed(&PlaceFailure::FailedCreate(m)), None)
+        }
         Verdict::Progress(m) => (waiting(m), None),
         Verdict::Unschedulable(m) => (Outcome::failed(&PlaceFailure::Unschedulable(m)), None),
         Verdict::CrashLoop(m) => (Outcome::failed(&PlaceFailure::CrashLoop(m)), None),
@@ -159,6 +167,33 @@ pub fn decide(
         ready_replicas,
     }
 }
+
+/// The API server's words when the Deployment's ReplicaSet could not create a pod and none of
+/// the current ReplicaSet exists: the Deployment controller copies the ReplicaSet's
+/// `ReplicaFailure` condition (reason `FailedCreate`, message the API server's error) into the
+/// Deployment's status.
+fn refused(observed: &Observed, pods: &[k8s_openapi::api::core::v1::Pod]) -> Option<String> {
+    if pods.iter().any(|p| p.metadata.deletion_timestamp.is_none()) {
+        return None;
+    }
+    let deployment = observed.deployment.as_ref()?;
+    let c = deployment
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")?;
+    let said = c.message.as_deref().unwrap_or("no message");
+    Some(format!(
+        "the API server refused the replica's pod ({}): {}; the ReplicaSet creates it again once that is fixed",
+        c.reason.as_deref().unwrap_or("ReplicaFailure"),
+        crate::conditions::truncate(said, MESSAGE_LIMIT)
+    ))
+}
+
+/// The most of the API server's message a condition repeats.
+const MESSAGE_LIMIT: usize = 1024;
 
 /// Runs the stage.
 pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
@@ -295,6 +330,44 @@ mod tests {
             None,
         );
         assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
+    }
+
+    #[test]
+    fn a_pod_the_api_server_refuses_fails_in_its_words_and_only_while_no_pod_exists() {
+        // As the Deployment controller copies the ReplicaSet's condition after a refused create.
+        let mut d = deployment();
+        d.status = Some(
+            serde_json::from_value(serde_json::json!({"replicas": 0, "conditions": [{
+                "type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                "message": "pods \"m-6f4bd78f57-abcde\" is forbidden: exceeded quota: mem, requested: limits.memory=293Mi, used: limits.memory=0, limited: limits.memory=100Mi"
+            }]}))
+            .unwrap(),
+        );
+        let mut observed = Observed {
+            deployment: Some(d),
+            replica_sets: vec![replica_set("rs1", "1")],
+            pods: vec![],
+        };
+        let now = ts("2026-11-29T20:10:00Z");
+        let got = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert!(
+            matches!(&got.outcome, Outcome::Failed { reason, message, recovery: Recovery::Heals(_) }
+                if reason == "FailedCreate"
+                && message == "the API server refused the replica's pod (FailedCreate): pods \"m-6f4bd78f57-abcde\" is forbidden: exceeded quota: mem, requested: limits.memory=293Mi, used: limits.memory=0, limited: limits.memory=100Mi; the ReplicaSet creates it again once that is fixed"),
+            "{:?}",
+            got.outcome
+        );
+        // A pod of the current ReplicaSet on its way: the refusal was of another replica, and
+        // there is progress to wait for.
+        let mut placed = fixture(UNSCHEDULABLE);
+        placed.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
+        observed.pods = vec![placed];
+        let got = decide("m", "ns", &observed, now, &LIMITS, None);
+        assert!(
+            matches!(&got.outcome, Outcome::Waiting { .. }),
+            "{:?}",
+            got.outcome
+        );
     }
 
     #[test]
