@@ -392,14 +392,7 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
     let (pull_image, engine_image) = images(&tb);
     tb.install_crd();
     let ns = tb.namespace("realnode");
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes(
-            "tinyllama-Q4_K_M.gguf",
-            support::models::tiny_llama_gguf(),
-        )],
-    );
+    let hub = FakeHub::with_tiny_llama().await;
     let (mirror_url, _mirror) = mirror_for_pods(&tb, &hub.url).await;
     let _op = Operator::start_with(
         &tb,

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeStatus};
-use support::fake_hub::{FakeHub, HubFile};
+use support::fake_hub::FakeHub;
 use support::pod_runner::PodRunner;
 use support::{Namespace, Operator, Testbed, condition, eventually, start_mirror};
 
@@ -31,14 +31,7 @@ struct Bed<'a> {
 async fn bed<'a>(tb: &'a Testbed, prefix: &str) -> Bed<'a> {
     tb.install_crd();
     let ns = tb.namespace(prefix);
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes(
-            "tinyllama-Q4_K_M.gguf",
-            support::models::tiny_llama_gguf(),
-        )],
-    );
+    let hub = FakeHub::with_tiny_llama().await;
     let (mirror_url, mirror) = start_mirror(&hub.url).await;
     let op = Operator::start_with(
         tb,

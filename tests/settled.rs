@@ -22,7 +22,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use modelserve::api::{ModelServe, ModelServeStatus};
-use support::fake_hub::{FakeHub, HubFile};
+use support::fake_hub::FakeHub;
 use support::pod_runner::PodRunner;
 use support::{MirrorProcess, Operator, Testbed, eventually};
 
@@ -109,14 +109,7 @@ async fn a_serving_model_rides_out_a_mirror_outage_a_token_rotation_and_a_scale_
     let tb = Testbed::get();
     tb.install_crd();
     let ns = tb.namespace("settled");
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes(
-            "tinyllama-Q4_K_M.gguf",
-            support::models::tiny_llama_gguf(),
-        )],
-    );
+    let hub = FakeHub::with_tiny_llama().await;
     hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
     hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;
@@ -274,14 +267,7 @@ async fn a_deleted_service_or_secret_and_a_hand_edited_deployment_come_back() {
     let tb = Testbed::get();
     tb.install_crd();
     let ns = tb.namespace("drift");
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes(
-            "tinyllama-Q4_K_M.gguf",
-            support::models::tiny_llama_gguf(),
-        )],
-    );
+    let hub = FakeHub::with_tiny_llama().await;
     hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
     hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;
@@ -379,14 +365,7 @@ async fn an_idle_model_costs_no_request_and_a_deployment_status_change_at_most_o
     let tb = Testbed::get();
     tb.install_crd();
     let ns = tb.namespace("requests");
-    let hub = FakeHub::start().await;
-    hub.add_repo(
-        "acme/TinyLlama-GGUF",
-        vec![HubFile::with_bytes(
-            "tinyllama-Q4_K_M.gguf",
-            support::models::tiny_llama_gguf(),
-        )],
-    );
+    let hub = FakeHub::with_tiny_llama().await;
     hub.add_token("hf_first", &["acme/TinyLlama-GGUF"]);
     hub.add_token("hf_second", &["acme/TinyLlama-GGUF"]);
     let client = tb.client().await;

@@ -200,6 +200,19 @@ impl FakeHub {
         FakeHub::start_on("127.0.0.1:0", "127.0.0.1:0").await
     }
 
+    /// A Hub holding the demo model: `acme/TinyLlama-GGUF` with one real tiny llama GGUF.
+    pub async fn with_tiny_llama() -> FakeHub {
+        let hub = FakeHub::start().await;
+        hub.add_repo(
+            "acme/TinyLlama-GGUF",
+            vec![HubFile::with_bytes(
+                "tinyllama-Q4_K_M.gguf",
+                super::models::tiny_llama_gguf(),
+            )],
+        );
+        hub
+    }
+
     /// Starts the Hub and its CDN on the given addresses.
     pub async fn start_on(hub_addr: &str, cdn_addr: &str) -> FakeHub {
         let hub_listener = tokio::net::TcpListener::bind(hub_addr).await.unwrap();
