@@ -4,6 +4,7 @@ pub mod api;
 pub mod cli;
 pub mod conditions;
 pub mod controller;
+pub mod gateway;
 pub mod gguf;
 pub mod http;
 pub mod hub;
@@ -56,6 +57,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    #[error("leader election on the Lease {lease}: {message}")]
+    Lease { lease: String, message: String },
+
+    #[error(
+        "stopped leading: {0}; this replica exits so that only one operator writes, and runs again as a standby"
+    )]
+    LostLease(String),
 }
 
 impl Error {
@@ -69,6 +78,8 @@ impl Error {
             Error::BadFlag { .. } => "InvalidConfiguration",
             Error::Serialize { .. } => "SerializationFailed",
             Error::Listen { .. } => "ListenFailed",
+            Error::Lease { .. } => "LeaderElectionFailed",
+            Error::LostLease(_) => "LeaseLost",
         }
     }
 }

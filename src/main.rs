@@ -20,6 +20,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the controller's many flags make its variant large, which costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the ModelServe controller.
@@ -28,6 +30,8 @@ enum Command {
     Crd,
     /// Run the verifying model mirror.
     Mirror(modelserve::mirror::Config),
+    /// Run the OpenAI-compatible gateway: routes by model name, loads on-demand models on their first request.
+    Gateway(modelserve::gateway::Config),
     /// Copy a model's files from the mirror and verify them (the replicas' init container).
     Pull(modelserve::pull::Args),
     /// Show what a repository resolves to, without a cluster.
@@ -40,6 +44,8 @@ enum Command {
     Status(modelserve::cli::status::Args),
     /// List ModelServes, as `kubectl get modelserves` does.
     List(modelserve::cli::list::Args),
+    /// Ask a model one question through the gateway; prints the reply and tokens per second.
+    Ask(modelserve::cli::ask::Args),
     /// Print shell completions (bash, zsh, fish, elvish, powershell).
     Completions {
         #[arg(value_enum)]
@@ -69,6 +75,9 @@ async fn main() -> ExitCode {
         Command::List(args) => {
             return modelserve::cli::finish(modelserve::cli::list::run(args).await);
         }
+        Command::Ask(args) => {
+            return modelserve::cli::finish(modelserve::cli::ask::run(args).await);
+        }
         Command::Completions { shell } => {
             let bin = std::env::args_os()
                 .next()
@@ -92,6 +101,10 @@ async fn main() -> ExitCode {
             telemetry::init_logs(cli.log_format);
             until_sigterm("mirror", modelserve::mirror::run(config), 0).await
         }
+        Command::Gateway(config) => {
+            telemetry::init_logs(cli.log_format);
+            until_sigterm("gateway", modelserve::gateway::run(config), 0).await
+        }
         Command::Pull(args) => {
             telemetry::init_logs(cli.log_format);
             // Stopped before the copy is whole: the pod must not start its server.
@@ -99,12 +112,13 @@ async fn main() -> ExitCode {
         }
         Command::Controller(config) => {
             telemetry::init_logs(cli.log_format);
-            let run = async {
-                modelserve::controller::run(config)
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            until_sigterm("controller", run, 0).await
+            // It handles SIGTERM itself: a leader gives up its Lease first, so a standby takes
+            // over at once.
+            match modelserve::controller::run(config).await {
+                // Exit here, not by returning, as until_sigterm does.
+                Ok(()) => std::process::exit(0),
+                Err(e) => Err(e.to_string()),
+            }
         }
     };
     match result {

@@ -18,6 +18,10 @@ pub const PORT_NAME: &str = "http";
 pub const MODELS_DIR: &str = "/models";
 /// Where the engine key is mounted.
 pub const KEY_DIR: &str = "/etc/modelserve/engine-key";
+/// Where the init container's projected token for the mirror is mounted, and its file.
+pub const MIRROR_TOKEN_DIR: &str = "/var/run/secrets/modelserve/mirror";
+pub const MIRROR_TOKEN_FILE: &str = "token";
+pub const MIRROR_TOKEN_VOLUME: &str = "mirror-token";
 /// The data key of the engine-key Secret.
 pub const KEY_FIELD: &str = "key";
 /// The label every object and pod of one ModelServe carries: the ModelServe's name.

@@ -224,6 +224,9 @@ async fn setup(args: &Args) -> Result<Bed, String> {
         mirror_addr.clone(),
         "--registry-endpoint".into(),
         bed.hub_url.clone(),
+        // The benchmark counts the operator's requests; its mirror is on loopback only.
+        "--auth".into(),
+        "none".into(),
     ];
     let mut mirror = Proc::start("mirror", &bed.modelserve, &mirror_args, &[], &bed.logs)?;
     let ready = procs::wait_for_port(&mut mirror, &mirror_addr, Duration::from_secs(30)).await;

@@ -14,7 +14,7 @@
 //! its directory removed; SIGTERM or SIGINT kills every child.
 //!
 //!   cargo run --example pod-runner -- --modelserve-bin target/debug/modelserve \
-//!     --llama-server-bin ~/.cache/modelserve/llama-server-0.3.36/llama-server \
+//!     --llama-server-bin ~/.cache/modelserve/llama-cpp-0.3.36-rpc/llama-server \
 //!     --workdir /tmp/pods [--namespace NS]
 
 use std::collections::{BTreeMap, HashMap};
@@ -367,15 +367,67 @@ async fn prepare_volumes(
                 }
                 std::fs::write(&file, &value.0).map_err(|e| format!("{}: {e}", file.display()))?;
             }
-        } else if v.projected.is_some() {
-            // The service account token every pod gets; nothing here reads it.
-            tracing::debug!(volume = %v.name, "a projected volume is an empty directory here");
+        } else if let Some(p) = &v.projected {
+            // As a kubelet does: each ServiceAccount token source is a TokenRequest for the
+            // pod's ServiceAccount and audience, bound to the pod. Other sources are left empty.
+            for source in p.sources.iter().flatten() {
+                let Some(t) = &source.service_account_token else {
+                    tracing::debug!(volume = %v.name, "only ServiceAccount tokens of a projected volume are made here");
+                    continue;
+                };
+                let token = token_request(client, pod, t).await?;
+                let file = path.join(&t.path);
+                if let Some(parent) = file.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                }
+                std::fs::write(&file, token).map_err(|e| format!("{}: {e}", file.display()))?;
+            }
         } else if v.empty_dir.is_none() {
             tracing::warn!(volume = %v.name, "only emptyDir and secret volumes are mapped; this one is an empty directory");
         }
         out.insert(v.name.clone(), path);
     }
     Ok(Some(out))
+}
+
+/// A token for the pod's ServiceAccount, for the projection's audience and bound to the pod,
+/// from the API server's TokenRequest (what a kubelet writes into the volume).
+async fn token_request(
+    client: &Client,
+    pod: &Pod,
+    t: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+) -> Result<String, String> {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, TokenRequest, TokenRequestSpec,
+    };
+    let ns = pod.namespace().unwrap_or_default();
+    let sa = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".into());
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: t.audience.clone().map(|a| vec![a]),
+            expiration_seconds: t.expiration_seconds,
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name_any()),
+                uid: pod.uid(),
+            }),
+        }),
+        ..Default::default()
+    };
+    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &ns);
+    let answer = api
+        .create_token_request(&sa, &Default::default(), &request)
+        .await
+        .map_err(|e| format!("cannot get a token for ServiceAccount {ns}/{sa}: {e}"))?;
+    answer
+        .status
+        .and_then(|s| s.token)
+        .ok_or_else(|| format!("the TokenRequest for {ns}/{sa} came back without a token"))
 }
 
 /// What a container runs here.

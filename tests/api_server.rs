@@ -81,6 +81,27 @@ fn the_api_server_rejects_each_invalid_spec_naming_the_field() {
             "spec.servedName",
         ),
         ("  quant: Q8_0\n", "spec.repo"),
+        // GPUs only with a GPU accelerator; the CEL rule says what to set.
+        (
+            "  repo: a/b\n  engine:\n    gpus: 2\n",
+            "engine.gpus above 0 needs a GPU accelerator",
+        ),
+        (
+            "  repo: a/b\n  engine:\n    accelerator: cpu\n    gpuLayers: 10\n",
+            "apply to a GPU accelerator only",
+        ),
+        (
+            "  repo: a/b\n  engine:\n    accelerator: tpu\n",
+            "spec.engine.accelerator",
+        ),
+        (
+            "  repo: a/b\n  engine:\n    accelerator: cuda\n    gpus: 17\n",
+            "spec.engine.gpus",
+        ),
+        (
+            "  repo: a/b\n  onDemand:\n    idleAfter: soon\n",
+            "spec.onDemand.idleAfter",
+        ),
     ];
     for (i, (spec, field)) in cases.iter().enumerate() {
         let out = apply(&tb, &ns.name, &model(&format!("bad-{i}"), spec));
@@ -95,7 +116,7 @@ fn the_api_server_rejects_each_invalid_spec_naming_the_field() {
         );
     }
     // And the valid neighbour of each rule is accepted.
-    let ok = "  repo: bartowski/Qwen2.5-7B-Instruct-GGUF\n  quant: UD-Q4_K_XL\n  contextSize: 8192\n  contextLength: 8192\n  replicas: 0\n";
+    let ok = "  repo: bartowski/Qwen2.5-7B-Instruct-GGUF\n  quant: UD-Q4_K_XL\n  contextSize: 8192\n  contextLength: 8192\n  replicas: 0\n  onDemand:\n    idleAfter: 30m\n  engine:\n    accelerator: cuda\n    gpus: 2\n    splitMode: row\n";
     let out = apply(&tb, &ns.name, &model("good", ok));
     assert!(
         out.status.success(),
@@ -120,7 +141,8 @@ fn get_prints_the_columns_and_scale_changes_spec_replicas() {
     assert_eq!(
         header,
         [
-            "NAME", "REPO", "QUANT", "STAGE", "PROGRESS", "MEMORY", "READY", "TOK/S", "AGE"
+            "NAME", "REPO", "QUANT", "STAGE", "PROGRESS", "MEMORY", "READY", "TOK/S", "ASKED",
+            "AGE"
         ]
     );
     // The short name works too.

@@ -60,6 +60,8 @@ fn non_default_values(watch: &str, token_ns: &str) -> Vec<String> {
         "operator.tolerations[0].effect=NoSchedule".into(),
         "engine.image=ghcr.io/ggml-org/llama.cpp:server-cuda-b6500".into(),
         "engine.build=6500".into(),
+        "engine.imageCuda=ghcr.io/ggml-org/llama.cpp:server-cuda13-b6500".into(),
+        "engine.gpuHeadroom=512Mi".into(),
         "registry.endpoint=https://hub.internal.example/hf".into(),
         "operator.placeGrace=5m".into(),
         "operator.placeTimeout=1h30m".into(),
@@ -76,6 +78,17 @@ fn non_default_values(watch: &str, token_ns: &str) -> Vec<String> {
         "operator.hostNetwork=true".into(),
         "operator.apiServer.host=10.0.0.1".into(),
         "operator.apiServer.port=6443".into(),
+        "mirror.auth.audience=team-mirror".into(),
+        "gateway.replicas=3".into(),
+        "gateway.auth=none".into(),
+        "gateway.activationTimeout=90s".into(),
+        "gateway.upstreamTimeout=30m".into(),
+        "gateway.port=8081".into(),
+        "gateway.metricsPort=9091".into(),
+        "gateway.service.type=LoadBalancer".into(),
+        "gateway.service.port=8000".into(),
+        "gateway.resources.requests.cpu=0.5".into(),
+        "gateway.nodeSelector.pool=edge".into(),
     ]
     .into()
 }
@@ -188,6 +201,39 @@ fn rendered_chart_passes_server_side_dry_run() {
 }
 
 #[test]
+fn the_operator_and_the_mirror_pass_the_restricted_pod_security_level() {
+    let tb = Testbed::get();
+    tb.install_crd();
+    let ns = tb.namespace("helm-psa");
+    tb.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    ]);
+    // The API server's Pod Security admission checks each workload's pod template and warns
+    // about every field the level forbids; the defaults draw no warning.
+    let (rendered, _) = render(&tb, &ns.name, &[]);
+    let applied = tb.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
+    let text = both(&applied);
+    assert!(applied.status.success(), "{text}");
+    assert!(
+        !text.contains("PodSecurity"),
+        "the chart's pods violate restricted: {text}"
+    );
+    // hostNetwork (for a cluster whose pods cannot reach its API server) is outside every level
+    // but privileged, and admission says so.
+    let (rendered, _) = render(&tb, &ns.name, &["operator.hostNetwork=true".into()]);
+    let applied = tb.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
+    assert!(
+        both(&applied).contains("would violate PodSecurity \"restricted:latest\": host namespaces"),
+        "{}",
+        both(&applied)
+    );
+}
+
+#[test]
 fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
     let tb = Testbed::get();
     let (_, docs) = render(&tb, "ops", &[]);
@@ -221,11 +267,91 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         operator["spec"]["template"]["spec"]["hostNetwork"],
         Value::Null
     );
+    // Two replicas on one Lease in the release namespace, a standby first in a rollout, and a
+    // budget that keeps one through a drain.
+    assert_eq!(operator["spec"]["replicas"], 2);
+    assert_eq!(
+        operator["spec"]["strategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}})
+    );
+    for (name, value) in [
+        ("MODELSERVE_LEADER_ELECT", "true"),
+        ("MODELSERVE_LEASE_NAME", "ms-modelserve"),
+        ("MODELSERVE_LEASE_NAMESPACE", "ops"),
+        ("MODELSERVE_LEASE_DURATION", "15s"),
+    ] {
+        assert_eq!(env(c, name), Some(value), "{name}");
+    }
+    let spread = &operator["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"];
+    assert_eq!(
+        spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    let pdb = find(&docs, "PodDisruptionBudget", "ms-modelserve");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(
+        pdb["spec"]["selector"], operator["spec"]["selector"],
+        "the budget covers the operator's pods"
+    );
+    let lease_role = find(&docs, "Role", "ms-modelserve-leader");
+    assert_eq!(lease_role["metadata"]["namespace"], "ops");
+    assert_eq!(
+        lease_role["rules"][1]["resourceNames"],
+        json!(["ms-modelserve"])
+    );
 
-    // The mirror writes only to its volume and /tmp; it has no API token.
+    // The mirror writes only to its volume and /tmp. Its API token is for reviewing callers'
+    // tokens (and reading which namespace holds which file); downloads are the operator's alone.
     let pod = &mirror["spec"]["template"]["spec"];
-    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["automountServiceAccountToken"], true);
     let m = &pod["containers"][0];
+    assert_eq!(env(m, "MODELSERVE_MIRROR_AUTH"), Some("kubernetes"));
+    assert_eq!(
+        env(m, "MODELSERVE_MIRROR_AUDIENCE"),
+        Some("modelserve-mirror")
+    );
+    assert_eq!(
+        env(m, "MODELSERVE_MIRROR_OPERATORS"),
+        Some("ops/ms-modelserve")
+    );
+    let mirror_role = find(&docs, "ClusterRole", "ms-modelserve-mirror");
+    assert_eq!(
+        mirror_role["rules"],
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["modelserve.dev"], "resources": ["modelserves"], "verbs": ["get", "list", "watch"]},
+        ])
+    );
+    // The operator presents a projected token for the mirror's audience.
+    assert_eq!(
+        env(c, "MODELSERVE_MIRROR_TOKEN_FILE"),
+        Some("/var/run/secrets/modelserve/mirror/token")
+    );
+    let token = operator["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "mirror-token")
+        .expect("the operator's mirror token volume");
+    assert_eq!(
+        token["projected"]["sources"][0]["serviceAccountToken"]["audience"],
+        "modelserve-mirror"
+    );
+
+    // The gateway: hardened, two replicas apart with a budget, behind a Service.
+    let gateway = find(&docs, "Deployment", "ms-modelserve-gateway");
+    assert_hardened(gateway);
+    assert_eq!(gateway["spec"]["replicas"], 2);
+    let g = &gateway["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(g["args"][0], "gateway");
+    assert_eq!(env(g, "MODELSERVE_GATEWAY_AUTH"), Some("keys"));
+    assert_eq!(env(g, "MODELSERVE_GATEWAY_KEYS_NAMESPACE"), Some("ops"));
+    assert_eq!(g["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let gsvc = find(&docs, "Service", "ms-modelserve-gateway");
+    assert_eq!(gsvc["spec"]["ports"][0]["port"], 80);
+    assert_eq!(gsvc["spec"]["ports"][0]["targetPort"], "http");
+    let gpdb = find(&docs, "PodDisruptionBudget", "ms-modelserve-gateway");
+    assert_eq!(gpdb["spec"]["selector"], gateway["spec"]["selector"]);
     assert_eq!(env(m, "MODELSERVE_MIRROR_DIR"), Some("/store"));
     assert!(
         m["volumeMounts"]
@@ -287,6 +413,11 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         ),
         ("MODELSERVE_ENGINE_BUILD", "6500"),
         (
+            "MODELSERVE_ENGINE_IMAGE_CUDA",
+            "ghcr.io/ggml-org/llama.cpp:server-cuda13-b6500",
+        ),
+        ("MODELSERVE_GPU_HEADROOM", "512Mi"),
+        (
             "MODELSERVE_REGISTRY_ENDPOINT",
             "https://hub.internal.example/hf",
         ),
@@ -302,6 +433,42 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         assert_eq!(env(c, name), Some(value), "{name}");
     }
     assert_eq!(operator["spec"]["template"]["spec"]["hostNetwork"], true);
+    assert_eq!(
+        operator["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            [0]["topologyKey"],
+        "kubernetes.io/hostname",
+        "two replicas on the node's network never share a node (and its metrics port)"
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["kind"] == "PodDisruptionBudget" && d["metadata"]["name"] == "ms-modelserve"),
+        "no budget for 0 operator replicas"
+    );
+    let gateway = find(&docs, "Deployment", "ms-modelserve-gateway");
+    assert_eq!(gateway["spec"]["replicas"], 3);
+    let g = &gateway["spec"]["template"]["spec"]["containers"][0];
+    for (name, value) in [
+        ("MODELSERVE_GATEWAY_AUTH", "none"),
+        ("MODELSERVE_GATEWAY_ACTIVATION_TIMEOUT", "90s"),
+        ("MODELSERVE_GATEWAY_UPSTREAM_TIMEOUT", "30m"),
+        ("MODELSERVE_GATEWAY_ADDR", "0.0.0.0:8081"),
+        ("MODELSERVE_GATEWAY_METRICS_ADDR", "0.0.0.0:9091"),
+        ("MODELSERVE_WATCH_NAMESPACE", "apps"),
+        ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+    ] {
+        assert_eq!(env(g, name), Some(value), "gateway {name}");
+    }
+    assert_eq!(g["resources"]["requests"]["cpu"], "0.5");
+    assert_eq!(
+        gateway["spec"]["template"]["spec"]["nodeSelector"],
+        json!({"pool": "edge"})
+    );
+    let gsvc = find(&docs, "Service", "ms-modelserve-gateway");
+    assert_eq!(gsvc["spec"]["type"], "LoadBalancer");
+    assert_eq!(gsvc["spec"]["ports"][0]["port"], 8000);
+    let grole = find(&docs, "Role", "ms-modelserve-gateway");
+    assert_eq!(grole["metadata"]["namespace"], "apps");
     let mirror = find(&docs, "StatefulSet", "ms-modelserve-mirror");
     assert_eq!(mirror["spec"]["template"]["spec"]["hostNetwork"], true);
     let m = &mirror["spec"]["template"]["spec"]["containers"][0];
@@ -321,6 +488,33 @@ fn the_operator_and_the_mirror_run_hardened_and_find_each_other() {
         np["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"],
         json!({"kubernetes.io/metadata.name": "apps"}),
         "replicas live in the watched namespace only"
+    );
+
+    // One operator without leader election: replaced with Recreate, no Lease, no budget.
+    let (_, docs) = render(
+        &tb,
+        "ops",
+        &[
+            "operator.replicas=1".into(),
+            "operator.leaderElection.enabled=false".into(),
+        ],
+    );
+    let operator = find(&docs, "Deployment", "ms-modelserve");
+    assert_eq!(operator["spec"]["strategy"], json!({"type": "Recreate"}));
+    let c = &operator["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(env(c, "MODELSERVE_LEADER_ELECT"), Some("false"));
+    assert_eq!(env(c, "MODELSERVE_LEASE_NAME"), None);
+    assert!(!docs.iter().any(|d| (d["kind"] == "PodDisruptionBudget"
+        && d["metadata"]["name"] == "ms-modelserve")
+        || d["metadata"]["name"] == "ms-modelserve-leader"));
+
+    // The gateway switched off: nothing of it is installed.
+    let (_, docs) = render(&tb, "ops", &["gateway.enabled=false".into()]);
+    assert!(
+        !docs.iter().any(|d| d["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("ms-modelserve-gateway"))),
+        "gateway.enabled=false"
     );
 
     // A mirror outside the chart: the operator is told where, and no mirror is installed.
@@ -369,8 +563,16 @@ fn wrong_values_are_rejected_with_a_message_naming_the_value() {
             "at '/operator/replicas': got string, want integer",
         ),
         (
-            "operator.replicas=2",
-            "at '/operator/replicas': maximum: got 2, want 1",
+            "operator.replicas=9",
+            "at '/operator/replicas': maximum: got 9, want 5",
+        ),
+        (
+            "operator.replicas=2,operator.leaderElection.enabled=false",
+            "operator.replicas: 2 replicas need operator.leaderElection.enabled=true",
+        ),
+        (
+            "operator.leaderElection.leaseDuration=15",
+            "at '/operator/leaderElection/leaseDuration': got number, want string",
         ),
         (
             "operator.placeGrace=1d",
@@ -579,6 +781,29 @@ fn chart_grants(release: &Release, namespace: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// What the chart grants `user` in `namespace`, less what every ServiceAccount has anyway.
+fn grants_of(release: &Release, namespace: &str, user: &str) -> BTreeSet<String> {
+    let baseline = granted(
+        release.tb,
+        namespace,
+        &format!("system:serviceaccount:{}:nobody", release.namespace),
+    );
+    granted(release.tb, namespace, user)
+        .difference(&baseline)
+        .cloned()
+        .collect()
+}
+
+/// The gateway's rules on namespaced resources.
+const GATEWAY_RULES: [&str; 6] = [
+    "modelserves.modelserve.dev [] [get list watch]",
+    "modelserves.modelserve.dev/scale [] [get patch]",
+    "modelserves.modelserve.dev/status [] [patch]",
+    "pods [] [list watch]",
+    "secrets [] [list watch]",
+    "events.events.k8s.io [] [create]",
+];
+
 /// `kubectl auth can-i` as the operator; `resource` is `RESOURCE[/NAME][:SUBRESOURCE]`.
 fn can_i(release: &Release, namespace: &str, verb: &str, resource: &str) -> bool {
     let (resource, sub) = resource.split_once(':').unwrap_or((resource, ""));
@@ -598,7 +823,7 @@ fn set(lines: &[&str]) -> BTreeSet<String> {
 }
 
 /// The controller's rules on namespaced resources.
-const NAMESPACED_RULES: [&str; 8] = [
+const NAMESPACED_RULES: [&str; 9] = [
     "modelserves.modelserve.dev [] [get list patch update watch]",
     "modelserves.modelserve.dev/status [] [get patch update]",
     "events.events.k8s.io [] [create]",
@@ -607,8 +832,17 @@ const NAMESPACED_RULES: [&str; 8] = [
     "deployments.apps [] [create get list patch watch]",
     "replicasets.apps [] [list watch]",
     "pods [] [get list watch]",
+    "pods/log [] [get]",
 ];
 const NODES_RULE: &str = "nodes [] [list watch]";
+
+/// The leader-election rules, in the release namespace: create any Lease, get and patch its own.
+fn lease_rules(fullname: &str) -> [String; 2] {
+    [
+        "leases.coordination.k8s.io [] [create]".into(),
+        format!("leases.coordination.k8s.io [{fullname}] [get patch]"),
+    ]
+}
 
 /// Least privilege in any case: no wildcard, no delete, no changing Secrets it does not make (the
 /// operator watches only its own engine-key Secrets, by label; RBAC cannot say so), no node or
@@ -653,6 +887,7 @@ fn helm_install_creates_the_objects_and_uninstall_removes_them() {
     );
     let (ns, full) = (release.namespace.as_str(), release.fullname.as_str());
     let mirror = format!("{full}-mirror");
+    let gateway = format!("{full}-gateway");
     for (namespace, kind, name) in [
         (Some(ns), "deployment", full),
         (Some(ns), "serviceaccount", full),
@@ -660,10 +895,21 @@ fn helm_install_creates_the_objects_and_uninstall_removes_them() {
         (Some(ns), "statefulset", &*mirror),
         (Some(ns), "service", &*mirror),
         (Some(ns), "networkpolicy", &*mirror),
+        (Some(ns), "poddisruptionbudget", full),
+        (Some(ns), "role", &format!("{full}-leader")),
         (None, "clusterrole", full),
         (None, "clusterrolebinding", full),
         (None, "clusterrole", &format!("{full}-nodes")),
         (None, "clusterrolebinding", &format!("{full}-nodes")),
+        (None, "clusterrole", &*mirror),
+        (None, "clusterrolebinding", &*mirror),
+        (Some(ns), "deployment", &*gateway),
+        (Some(ns), "service", &*gateway),
+        (Some(ns), "serviceaccount", &*gateway),
+        (Some(ns), "poddisruptionbudget", &*gateway),
+        (Some(ns), "role", &format!("{gateway}-keys")),
+        (None, "clusterrole", &*gateway),
+        (None, "clusterrolebinding", &*gateway),
     ] {
         assert!(
             release.exists(namespace, kind, name),
@@ -703,14 +949,48 @@ fn helm_install_creates_the_objects_and_uninstall_removes_them() {
         "patch",
         "modelserves.modelserve.dev:status"
     ));
+    assert_eq!(chart_grants(&release, "default"), expected);
+    expected.extend(lease_rules(full));
+    assert_eq!(chart_grants(&release, ns), expected, "in {ns}");
     for namespace in [ns, "default"] {
-        assert_eq!(
-            chart_grants(&release, namespace),
-            expected,
-            "in {namespace}"
-        );
         assert_nothing_broad(&release, namespace);
     }
+    // The gateway reads models, pods and keys, scales models and records their request times;
+    // its own keys only in the release namespace.
+    let gateway_user = format!("system:serviceaccount:{ns}:{gateway}");
+    let mut gateway_rules = set(&GATEWAY_RULES);
+    assert_eq!(grants_of(&release, "default", &gateway_user), gateway_rules);
+    gateway_rules.insert("secrets [] [list watch]".into());
+    assert_eq!(grants_of(&release, ns, &gateway_user), gateway_rules);
+    // Two operator pods (kwok plays their kubelet, so neither really runs here; tests/leader.rs
+    // runs two operators for real), and a budget that lets a drain take one of them.
+    let pods = tb.kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(pods.lines().count(), 2, "{pods}");
+    let pdb = eventually_sync(Duration::from_secs(30), || {
+        let out = tb.kubectl_ok(&[
+            "get",
+            "pdb",
+            full,
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.disruptionsAllowed}",
+        ]);
+        (out.trim() == "1").then_some(out)
+    });
+    assert!(
+        pdb.is_some(),
+        "one of two operators may be evicted at a time"
+    );
 
     let out = release.uninstall();
     assert!(out.status.success(), "helm uninstall: {}", both(&out));
@@ -780,14 +1060,11 @@ async fn one_namespace_install_grants_exactly_the_controllers_rules_and_they_suf
         chart_grants(&release, &tokens.name),
         set(&["secrets [hf] [get]", NODES_RULE])
     );
-    // Anywhere else (the release's own namespace included): nodes only.
-    for namespace in [&*release.namespace, "default"] {
-        assert_eq!(
-            chart_grants(&release, namespace),
-            set(&[NODES_RULE]),
-            "{namespace}"
-        );
-    }
+    // The release's own namespace: its Lease; anywhere else: nodes only.
+    let mut own = set(&[NODES_RULE]);
+    own.extend(lease_rules(&release.fullname));
+    assert_eq!(chart_grants(&release, &release.namespace), own);
+    assert_eq!(chart_grants(&release, "default"), set(&[NODES_RULE]));
     for namespace in [&*watched.name, &*tokens.name, &*release.namespace] {
         assert_nothing_broad(&release, namespace);
     }
@@ -864,6 +1141,11 @@ async fn one_namespace_install_grants_exactly_the_controllers_rules_and_they_suf
             &mirror_url,
             "--default-token-secret",
             &default_token,
+            // As the chart's Deployment sets it: the Lease lives in the release namespace.
+            "--lease-name",
+            &release.fullname,
+            "--lease-namespace",
+            &release.namespace,
         ],
     );
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &watched.name);
@@ -928,4 +1210,205 @@ async fn one_namespace_install_grants_exactly_the_controllers_rules_and_they_suf
         })
         .count();
     assert!(recorded > 0, "no Events recorded: {events:#}");
+}
+
+/// Every sample name the operator and the mirror export: from each registered family's TYPE
+/// line, with the suffixes its type gives its samples.
+fn exported_metric_names() -> BTreeSet<String> {
+    use modelserve::telemetry::{ReasonLabel, ResultLabel, RetryLabel, StageLabel};
+    // A family is exported once it has a sample: give each one, as a running binary would.
+    let op = modelserve::telemetry::Metrics::default();
+    let label = |s: &str| s.to_string();
+    op.reconciles
+        .get_or_create(&ResultLabel {
+            result: label("ok"),
+        })
+        .inc();
+    op.errors
+        .get_or_create(&ReasonLabel { reason: label("x") })
+        .inc();
+    op.transitions
+        .get_or_create(&StageLabel { stage: label("x") })
+        .inc();
+    op.stage_seconds
+        .get_or_create(&StageLabel { stage: label("x") })
+        .observe(1.0);
+    op.retries
+        .get_or_create(&RetryLabel {
+            stage: label("x"),
+            reason: label("x"),
+        })
+        .inc();
+    op.api_requests
+        .get_or_create(&modelserve::telemetry::requests::RequestLabel {
+            verb: label("get"),
+            resource: label("pods"),
+        })
+        .inc();
+    op.set_models(["Ready"]);
+    let mirror = modelserve::mirror::metrics::Metrics::default();
+    mirror.file("downloaded");
+    mirror.failure("size");
+    mirror.evicted("grace", 1);
+    mirror.refused("forbidden");
+    let gateway = modelserve::gateway::metrics::Metrics::default();
+    let model = modelserve::gateway::metrics::ModelLabel {
+        namespace: label("ns"),
+        model: label("m"),
+    };
+    gateway
+        .requests
+        .get_or_create(&modelserve::gateway::metrics::CodeLabel {
+            namespace: label("ns"),
+            model: label("m"),
+            code: label("200"),
+        })
+        .inc();
+    gateway.first_byte.get_or_create(&model).observe(0.1);
+    gateway.in_flight.get_or_create(&model).inc();
+    gateway
+        .activations
+        .get_or_create(&modelserve::gateway::metrics::ResultLabel {
+            namespace: label("ns"),
+            model: label("m"),
+            result: label("ready"),
+        })
+        .inc();
+    gateway
+        .activation_seconds
+        .get_or_create(&model)
+        .observe(1.0);
+    gateway.scale_downs.get_or_create(&model).inc();
+    let text = op.encode() + &mirror.encode() + &gateway.encode();
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').unwrap();
+        match kind {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+            }
+            "histogram" => {
+                for s in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{s}"));
+                }
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The `modelserve_...` names a PromQL expression uses.
+fn metric_names_in(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("modelserve_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        out.push(name);
+    }
+    out
+}
+
+#[test]
+fn the_monitoring_objects_use_only_metrics_the_binaries_export() {
+    let tb = Testbed::get();
+    let (_, docs) = render(
+        &tb,
+        "ops",
+        &[
+            "monitoring.serviceMonitor.enabled=true".into(),
+            "monitoring.prometheusRule.enabled=true".into(),
+            "monitoring.grafanaDashboard.enabled=true".into(),
+            "monitoring.serviceMonitor.labels.release=prom".into(),
+        ],
+    );
+    let exported = exported_metric_names();
+    assert!(exported.contains("modelserve_leader"), "{exported:?}");
+    assert!(
+        exported.contains("modelserve_mirror_evictions_total"),
+        "{exported:?}"
+    );
+
+    let rule = find(&docs, "PrometheusRule", "ms-modelserve");
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    let alerts: Vec<&str> = rules.iter().map(|r| r["alert"].as_str().unwrap()).collect();
+    assert_eq!(
+        alerts,
+        [
+            "ModelServeNotReady",
+            "ModelServeReconcileErrors",
+            "ModelServeMirrorVolumeNearlyFull",
+            "ModelServeActivationsFailing",
+            "ModelServeOperatorNotLeading"
+        ]
+    );
+    let mut exprs: Vec<String> = rules
+        .iter()
+        .map(|r| r["expr"].as_str().unwrap().to_string())
+        .collect();
+    let dashboard = find(&docs, "ConfigMap", "ms-modelserve-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let board: Value =
+        serde_json::from_str(dashboard["data"]["modelserve.json"].as_str().unwrap()).unwrap();
+    for panel in board["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            exprs.push(target["expr"].as_str().unwrap().to_string());
+        }
+    }
+    let mut used = 0;
+    for expr in &exprs {
+        let names = metric_names_in(expr);
+        assert!(!names.is_empty(), "{expr} uses no modelserve metric");
+        for name in names {
+            used += 1;
+            assert!(
+                exported.contains(&name),
+                "{name} (in {expr}) is not a metric the binaries export; they export {exported:?}"
+            );
+        }
+    }
+    eprintln!(
+        "{} expressions use {used} metric names, all exported",
+        exprs.len()
+    );
+
+    // The ServiceMonitor finds the operators' metrics Service and the mirror's; the mirror's
+    // NetworkPolicy lets Prometheus in.
+    let sm = find(&docs, "ServiceMonitor", "ms-modelserve");
+    assert_eq!(sm["metadata"]["labels"]["release"], "prom");
+    let ports: Vec<&str> = sm["spec"]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["port"].as_str().unwrap())
+        .collect();
+    assert_eq!(ports, ["metrics", "http"]);
+    let svc = find(&docs, "Service", "ms-modelserve-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
+    // The gateways' metrics have their own Service; their clients' port is not scraped.
+    let svc = find(&docs, "Service", "ms-modelserve-gateway-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["name"], "metrics");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
+    let api = find(&docs, "Service", "ms-modelserve-gateway");
+    assert_eq!(api["spec"]["ports"][0]["name"], "api");
+    let np = find(&docs, "NetworkPolicy", "ms-modelserve-mirror");
+    assert_eq!(
+        np["spec"]["ingress"][1]["from"][0]["namespaceSelector"]["matchLabels"],
+        json!({"kubernetes.io/metadata.name": "monitoring"})
+    );
+
+    // Off by default.
+    let (_, docs) = render(&tb, "ops", &[]);
+    for kind in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(!docs.iter().any(|d| d["kind"] == kind), "{kind} by default");
+    }
 }

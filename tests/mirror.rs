@@ -256,11 +256,14 @@ async fn a_file_larger_than_the_free_space_fails_before_downloading() {
     let commit = hub.add_repo("acme/Huge-GGUF", vec![f.clone()]);
     let m = mirror(&hub).await;
     let want = refs("acme/Huge-GGUF", &commit, std::slice::from_ref(&f));
-    let s = settled(&m.url, &want).await;
-    assert_eq!(s.files[0].state, "failed");
-    let err = s.files[0].error.as_deref().unwrap();
+    // The whole set is refused before any of it is queued (507 Insufficient Storage).
+    let (code, v) = post(&m.url, &want).await;
+    assert_eq!(code, 507, "{v}");
+    assert_eq!(v["reason"], "InsufficientCapacity");
+    assert_eq!(v["neededBytes"], 10u64 << 40);
+    let err = v["error"].as_str().unwrap();
     assert!(
-        err.starts_with("huge-BF16.gguf needs 10.0 TiB more on the mirror's volume, which has "),
+        err.starts_with("the set needs 10.0 TiB on the mirror's volume, which has "),
         "{err}"
     );
     assert!(hub.cdn_log().is_empty(), "nothing was downloaded");

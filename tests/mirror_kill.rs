@@ -20,6 +20,8 @@ fn start_mirror(dir: &std::path::Path, port: u16, registry: &str) -> Child {
             &format!("127.0.0.1:{port}"),
             "--registry-endpoint",
             registry,
+            "--auth",
+            "none",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -123,7 +125,7 @@ fn start_mirror_on_small_volume(
     registry: &str,
 ) -> Child {
     let script = format!(
-        "mount -t tmpfs -o size={mib}m tmpfs '{dir}' && exec '{bin}' mirror --dir '{dir}' --addr 127.0.0.1:{port} --registry-endpoint '{registry}'",
+        "mount -t tmpfs -o size={mib}m tmpfs '{dir}' && exec '{bin}' mirror --dir '{dir}' --addr 127.0.0.1:{port} --registry-endpoint '{registry}' --auth none",
         dir = dir.display(),
         bin = modelserve_bin(),
     );
@@ -136,9 +138,9 @@ fn start_mirror_on_small_volume(
 }
 
 #[tokio::test]
-async fn a_volume_that_fills_up_during_downloads_fails_clearly_and_serves_nothing_half_written() {
+async fn a_set_the_small_volume_cannot_hold_is_refused_clearly_and_nothing_is_half_written() {
     let hub = FakeHub::start().await;
-    // Each file fits in the free space on its own, so both start; together they do not fit.
+    // Each file fits in the free space on its own; together they do not.
     let files: Vec<HubFile> = (0..2u8)
         .map(|n| {
             let content = (0..30usize << 20)
@@ -153,43 +155,56 @@ async fn a_volume_that_fills_up_during_downloads_fails_clearly_and_serves_nothin
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut mirror = start_mirror_on_small_volume(dir.path(), 40, port, &hub.url);
+    let post = |files: Vec<FileRef>| async move {
+        let r = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/v1/fetch"))
+            .json(&Request { files, token: None })
+            .send()
+            .await
+            .ok()?;
+        let code = r.status().as_u16();
+        Some((code, r.json::<serde_json::Value>().await.ok()?))
+    };
+    // Both at once: refused before a byte is fetched (a real 40 MiB tmpfs).
+    let (code, v) = eventually(Duration::from_secs(30), async || post(refs.clone()).await)
+        .await
+        .expect("the mirror answers");
+    assert_eq!(code, 507, "{v}");
+    let err = v["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("the set needs 60.0 MiB on the mirror's volume, which has "),
+        "{err}"
+    );
+    assert!(hub.cdn_log().is_empty(), "nothing was fetched");
+    // One, then the other while the first downloads: the second finds its room reserved.
+    let (code, _) = post(refs[..1].to_vec()).await.unwrap();
+    assert_eq!(code, 202);
+    let (code, v) = post(refs[1..].to_vec()).await.unwrap();
+    assert_eq!(code, 507, "{v}");
+    let err = v["error"].as_str().unwrap();
+    assert!(err.contains("reserved by downloads under way"), "{err}");
+    assert_ne!(v["reservedBytes"], 0, "{v}");
     let s = eventually(Duration::from_secs(60), async || {
-        let s = ask(port, &refs).await?;
-        s.files
-            .iter()
-            .all(|f| f.state == "present" || f.state == "failed")
-            .then_some(s)
+        let s = ask(port, &refs[..1]).await?;
+        (s.files[0].state == "present").then_some(s)
     })
-    .await
-    .expect("the mirror settles");
-    let failed: Vec<_> = s.files.iter().filter(|f| f.state == "failed").collect();
-    assert!(!failed.is_empty(), "60 MiB cannot fit in 40 MiB: {s:?}");
-    for f in &failed {
-        let err = f.error.as_deref().unwrap_or_default();
-        assert!(
-            err.contains(&format!("{} needs", f.path)) && err.contains("on the mirror's volume"),
-            "{err}"
-        );
-    }
-    // Whatever is served is whole and right; what failed is not served at all.
-    for (r, f) in refs.iter().zip(&files) {
+    .await;
+    assert!(s.is_some(), "the first file did not arrive");
+    // What is served is whole and right; what was refused is not served at all.
+    for (i, (r, f)) in refs.iter().zip(&files).enumerate() {
         let resp = reqwest::get(format!(
             "http://127.0.0.1:{port}/v1/files/acme/Full-GGUF/{commit}/{}",
             r.path
         ))
         .await
         .unwrap();
-        let present = s
-            .files
-            .iter()
-            .any(|x| x.path == r.path && x.state == "present");
-        if present {
+        if i == 0 {
             assert_eq!(
                 resp.bytes().await.unwrap().to_vec(),
                 **f.content.as_ref().unwrap()
             );
         } else {
-            assert_eq!(resp.status(), 404, "{} half-written but served", r.path);
+            assert_eq!(resp.status(), 404, "{} served though refused", r.path);
         }
     }
     mirror.kill().unwrap();

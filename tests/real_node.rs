@@ -119,14 +119,14 @@ async fn until(
         pred(&c.status, &c.reason).then_some(s)
     })
     .await;
-    got.unwrap_or_else(|| {
-        panic!(
+    match got {
+        Some(s) => s,
+        // Awaited, not blocked on: the test's runtime is one thread, which the mirror shares.
+        None => panic!(
             "{name}: {type_} never came: {:#?}",
-            futures::executor::block_on(api.get(name))
-                .ok()
-                .and_then(|m| m.status)
-        )
-    })
+            api.get(name).await.ok().and_then(|m| m.status)
+        ),
+    }
 }
 
 /// The memory cgroup (v1 or v2) of one container of the node: its peak usage, and its pod's (the
@@ -392,6 +392,14 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
     let (pull_image, engine_image) = images(&tb);
     tb.install_crd();
     let ns = tb.namespace("realnode");
+    // The model's pods go through the restricted Pod Security level, enforced by the API
+    // server's admission, and run under it on the kubelet.
+    tb.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
     let hub = FakeHub::with_tiny_llama().await;
     let (mirror_url, _mirror) = mirror_for_pods(&tb, &hub.url).await;
     let _op = Operator::start_with(
@@ -567,6 +575,9 @@ async fn the_chart_runs_the_operator_and_the_mirror_on_the_real_node_and_they_se
         format!("registry.endpoint={}", hub.url),
         format!("operator.watchNamespace={}", ns.name),
         "operator.hostNetwork=true".into(),
+        // One node: two replicas on its network would share the metrics port, and the chart
+        // keeps them on different nodes, so a second would wait Pending. tests/leader.rs runs two.
+        "operator.replicas=1".into(),
         "operator.apiServer.host=127.0.0.1".into(),
         format!("operator.apiServer.port={}", api_port(&tb)),
         format!("operator.metricsPort={metrics_port}"),
@@ -667,4 +678,291 @@ async fn the_chart_runs_the_operator_and_the_mirror_on_the_real_node_and_they_se
     api.delete("deepseek2", &Default::default()).await.unwrap();
     drop(release);
     drop(store);
+}
+
+/// A token for ServiceAccount `namespace/name` with the mirror's audience, from the API server's
+/// TokenRequest (what a projected volume holds; `kubectl create token` does the same).
+async fn mirror_token(tb: &Testbed, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let sas: Api<ServiceAccount> = Api::namespaced(tb.client().await, namespace);
+    let mut sa = ServiceAccount::default();
+    sa.metadata.name = Some(name.into());
+    match sas.create(&PostParams::default(), &sa).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("ServiceAccount {namespace}/{name}: {e}"),
+    }
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![modelserve::mirror::auth::DEFAULT_AUDIENCE.into()]),
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let answer = eventually(Duration::from_secs(30), async || {
+        sas.create_token_request(name, &PostParams::default(), &request)
+            .await
+            .ok()
+    })
+    .await
+    .expect("a TokenRequest");
+    answer.status.and_then(|s| s.token).expect("a token")
+}
+
+/// A pod of the real node in `namespace` that runs `modelserve pull` of `file` (SHA:SIZE:PATH)
+/// from the mirror, as a replica's init container does, with a projected token for the
+/// mirror's audience or none; returns its exit code and its log once it has ended.
+async fn pull_from_node(
+    tb: &Testbed,
+    namespace: &str,
+    name: &str,
+    image: &str,
+    (mirror, repo, commit, file): (&str, &str, &str, &str),
+    with_token: bool,
+) -> (i32, String) {
+    let token_dir = "/var/run/secrets/modelserve/mirror";
+    let mut args = vec![
+        "pull",
+        "--mirror",
+        mirror,
+        "--repo",
+        repo,
+        "--commit",
+        commit,
+        "--dest",
+        "/tmp/m",
+        "--file",
+        file,
+        "--attempts",
+        "1",
+    ];
+    let token_file = format!("{token_dir}/token");
+    if with_token {
+        args.extend(["--token-file", &token_file]);
+    }
+    let mut mounts = vec![serde_json::json!({"name": "tmp", "mountPath": "/tmp"})];
+    let mut volumes = vec![serde_json::json!({"name": "tmp", "emptyDir": {}})];
+    if with_token {
+        mounts.push(serde_json::json!({"name": "token", "mountPath": token_dir, "readOnly": true}));
+        volumes.push(
+            serde_json::json!({"name": "token", "projected": {"sources": [
+                {"serviceAccountToken": {
+                    "audience": modelserve::mirror::auth::DEFAULT_AUDIENCE,
+                    "expirationSeconds": 3600, "path": "token"}}
+            ]}}),
+        );
+    }
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "nodeSelector": {"type": "real"},
+            "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "pull", "image": image, "imagePullPolicy": "Never",
+                "args": args,
+                "volumeMounts": mounts,
+                "securityContext": {"allowPrivilegeEscalation": false,
+                                    "readOnlyRootFilesystem": true,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+            "volumes": volumes,
+        },
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, namespace);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let code = eventually(Duration::from_secs(120), async || {
+        let p = pods.get(name).await.ok()?;
+        p.status?
+            .container_statuses?
+            .first()?
+            .state
+            .as_ref()?
+            .terminated
+            .as_ref()
+            .map(|t| t.exit_code)
+    })
+    .await
+    .unwrap_or_else(|| panic!("pod {namespace}/{name} did not end within 120s"));
+    let log = tb.kubectl_ok(&["logs", "-n", namespace, name]);
+    (code, log)
+}
+
+/// The mirror's authentication with the real kubelet's projected tokens: the operator alone may
+/// ask for downloads, the model's own pod (its namespace's ServiceAccount, a token for the
+/// mirror's audience) pulls a gated model and starts, while a pod of another namespace gets 403
+/// for the same blob and a pod without a token 401, each saying why. No token reaches the
+/// mirror's log.
+#[tokio::test]
+async fn the_mirror_serves_a_gated_blob_to_its_models_pods_only_with_real_projected_tokens() {
+    let tb = Testbed::get();
+    real_node(&tb).await;
+    let (pull_image, engine_image) = images(&tb);
+    tb.install_crd();
+    let ns = tb.namespace("mirrorauth");
+    tb.kubectl_ok(&[
+        "label",
+        "namespace",
+        &ns.name,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    let other = tb.namespace("intruder");
+
+    // A gated model, and its registry token in the model's namespace.
+    let hub = FakeHub::with_tiny_llama().await;
+    let repo = "acme/TinyLlama-GGUF";
+    hub.set_gated(repo, "manual");
+    hub.add_token("hf_team_a", &[repo]);
+    tb.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "hf",
+        "-n",
+        &ns.name,
+        "--from-literal=token=hf_team_a",
+    ]);
+
+    // The operator runs as ServiceAccount NS/operator, the one the mirror takes downloads from.
+    let operator_token = mirror_token(&tb, &ns.name, "operator").await;
+    let token_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(token_file.path(), &operator_token).unwrap();
+    let gateway = std::fs::read_to_string(node_dir(&tb).join("gateway")).unwrap();
+    let mirror = support::MirrorProcess::start_checked_at(
+        &tb,
+        &hub.url,
+        &format!("{}/operator", ns.name),
+        gateway.trim(),
+    );
+    let _op = Operator::start_with(
+        &tb,
+        &ns.name,
+        &hub.url,
+        &[
+            "--mirror-url",
+            &mirror.url,
+            "--mirror-token-file",
+            &token_file.path().to_string_lossy(),
+            "--pull-image",
+            &pull_image,
+            "--place-grace",
+            "20s",
+        ],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let mut spec = spec(repo, &engine_image, None, (1024, 2));
+    spec["tokenSecretRef"] = serde_json::json!({"name": "hf"});
+    let ms = ModelServe::new("gated", serde_json::from_value(spec).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+
+    // The model's own pod pulls with its projected token and serves.
+    let served = served_on_node(&tb, &ns.name, "gated").await;
+    println!(
+        "mirror auth: the model's own pod {} pulled the gated blob and serves at {}",
+        served.pod, served.address
+    );
+    let s = api.get("gated").await.unwrap().status.unwrap();
+    let resolved = s.resolved.expect("status.resolved");
+    let f = &resolved.files[0];
+    let file = format!("{}:{}:{}", f.sha256, f.size, f.path);
+    let target = (
+        mirror.url.as_str(),
+        repo,
+        resolved.commit.as_str(),
+        file.as_str(),
+    );
+
+    // A ServiceAccount of another namespace, with a real projected token: 403, saying why.
+    let (code, log) = pull_from_node(&tb, &other.name, "stranger", &pull_image, target, true).await;
+    println!(
+        "mirror auth: another namespace's pod: exit {code}: {}",
+        log.trim()
+    );
+    assert_ne!(code, 0, "{log}");
+    assert!(log.contains("HTTP 403"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "no ModelServe in namespace {} has this file in its resolved set",
+            other.name
+        )),
+        "the mirror's reason, whole: {log}"
+    );
+    // No token at all: 401, saying what to send.
+    let (code, log) =
+        pull_from_node(&tb, &other.name, "tokenless", &pull_image, target, false).await;
+    println!(
+        "mirror auth: a pod without a token: exit {code}: {}",
+        log.trim()
+    );
+    assert_ne!(code, 0, "{log}");
+    assert!(log.contains("HTTP 401"), "{log}");
+    assert!(log.contains("no token"), "{log}");
+    // The same pod in the model's namespace reads it: the namespace decides, not the pod.
+    let (code, log) = pull_from_node(&tb, &ns.name, "neighbour", &pull_image, target, true).await;
+    assert_eq!(code, 0, "a pod of the model's namespace pulls: {log}");
+
+    // Downloads and the live set are the operator's alone.
+    let http = reqwest::Client::new();
+    let stranger = mirror_token(&tb, &other.name, "default").await;
+    let fetch = serde_json::json!({"files": [{
+        "repo": repo, "commit": resolved.commit, "path": f.path,
+        "sha256": f.sha256, "size": f.size}]});
+    for (what, req) in [
+        (
+            "POST /v1/fetch",
+            http.post(format!("{}/v1/fetch", mirror.url)).json(&fetch),
+        ),
+        (
+            "PUT /v1/live",
+            http.put(format!("{}/v1/live", mirror.url))
+                .json(&serde_json::json!({"sha256": []})),
+        ),
+    ] {
+        let r = req.bearer_auth(&stranger).send().await.unwrap();
+        let code = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        println!("mirror auth: {what} with another namespace's token: {code} {body}");
+        assert_eq!(code, 403, "{what}: {body}");
+        assert!(
+            body.contains("only the operator's ServiceAccount"),
+            "{body}"
+        );
+    }
+    let r = http
+        .post(format!("{}/v1/fetch", mirror.url))
+        .json(&fetch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401, "a fetch without a token");
+
+    // The refusals were counted, and no token is in the mirror's log.
+    let metrics = http
+        .get(format!("{}/metrics", mirror.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for result in ["forbidden", "unauthenticated"] {
+        assert!(
+            metrics.contains(&format!("refused_requests_total{{result=\"{result}\"}}")),
+            "{metrics}"
+        );
+    }
+    let log = mirror.log();
+    assert!(
+        log.contains("refused a caller"),
+        "the mirror logs its refusals"
+    );
+    for token in [&operator_token, &stranger] {
+        assert!(!log.contains(token.as_str()), "a token in the mirror's log");
+    }
 }

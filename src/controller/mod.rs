@@ -2,6 +2,8 @@
 //! runs the pipeline and writes status once, and the settings of `modelserve controller`.
 
 pub mod events;
+pub mod leader;
+pub mod live_set;
 pub mod reconcile;
 pub mod watches;
 mod written;
@@ -38,12 +40,18 @@ pub struct Config {
     pub watch_namespace: Option<String>,
     #[command(flatten)]
     pub settings: Settings,
+    #[command(flatten)]
+    pub leader: leader::LeaderArgs,
     /// Reconciles that run at once, over all ModelServes (one object is never reconciled twice at once).
     #[arg(long, env = "MODELSERVE_CONCURRENCY", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub concurrency: u16,
     /// How often a ModelServe with nothing to do is looked at anyway (with up to 20% jitter); it costs no API request when nothing drifted.
     #[arg(long, env = "MODELSERVE_RESYNC", default_value = "10m", value_parser = parse_duration)]
     pub resync: Duration,
+    /// How often the leader tells the mirror which blobs the ModelServes reference, so it may
+    /// delete the others.
+    #[arg(long, env = "MODELSERVE_MIRROR_LIVE_SET_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub mirror_live_set_interval: Duration,
     /// /healthz fails when a reconcile has run this long while none finished, so a stuck operator is restarted by its liveness probe. Keep it above --stage-timeout.
     #[arg(long, env = "MODELSERVE_STALL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub stall_timeout: Duration,
@@ -100,31 +108,67 @@ pub async fn run(config: Config) -> Result<(), Error> {
             ),
         });
     }
+    config.leader.validate()?;
     let metrics = Arc::new(Metrics::default());
     let (client, url) = connect_counted(&metrics).await?;
     ensure_crd_installed(&client, &url, config.watch_namespace.as_deref()).await?;
 
-    let watches = watches::Watches::start(&client, config.watch_namespace.as_deref());
-    let models = watches.models.clone();
     let watchdog = Arc::new(Watchdog::new(config.stall_timeout));
+    let role = telemetry::RoleCell::default();
+    // The watches start once this replica leads (kube-runtime's controller drives them), so the
+    // stages count reads an empty slot until then.
+    let models_slot: Arc<std::sync::OnceLock<kube::runtime::reflector::Store<ModelServe>>> =
+        Default::default();
+    let slot = models_slot.clone();
     let health = Health {
         ready: Default::default(),
+        role: role.clone(),
         metrics: metrics.clone(),
         watchdog: watchdog.clone(),
         stages: Arc::new(move || {
-            models
-                .state()
-                .iter()
-                .map(|m| {
-                    m.status
-                        .as_ref()
-                        .and_then(|s| s.stage.clone())
-                        .unwrap_or_else(|| "New".into())
+            slot.get()
+                .map(|models| {
+                    models
+                        .state()
+                        .iter()
+                        .map(|m| {
+                            m.status
+                                .as_ref()
+                                .and_then(|s| s.stage.clone())
+                                .unwrap_or_else(|| "New".into())
+                        })
+                        .collect()
                 })
-                .collect()
+                .unwrap_or_default()
         }),
     };
-    let server = tokio::spawn(telemetry::serve(config.metrics_addr, health.clone()));
+    let mut server = tokio::spawn(telemetry::serve(config.metrics_addr, health.clone()));
+
+    let mut election = if config.leader.enabled {
+        role.set(telemetry::Role::Standby);
+        let namespace = config.leader.namespace(config.watch_namespace.as_deref());
+        Some(leader::Election::start(client.clone(), &config.leader, namespace).await?)
+    } else {
+        None
+    };
+    if let Some(e) = election.as_mut() {
+        // A standby serves /readyz and /metrics, and sends nothing but its Lease requests.
+        let stop = tokio::select! {
+            r = e.acquired() => r.map(|_| false)?,
+            r = &mut server => served(r).map(|_| true)?,
+            _ = shutdown() => true,
+        };
+        if stop {
+            if let Some(e) = election {
+                e.release().await;
+            }
+            return Ok(());
+        }
+        role.set(telemetry::Role::Leader);
+    }
+
+    let watches = watches::Watches::start(&client, config.watch_namespace.as_deref());
+    let _ = models_slot.set(watches.models.clone());
     let cache = watches.cache.clone();
     let ready = health.ready.clone();
     tokio::spawn(async move {
@@ -133,6 +177,17 @@ pub async fn run(config: Config) -> Result<(), Error> {
         info!("watch caches synced; ready");
     });
 
+    let http = Env::http_client().map_err(Error::Config)?;
+    if let Some(url) = config.settings.mirror_url.clone() {
+        tokio::spawn(live_set::publish(
+            http.clone(),
+            url,
+            config.settings.clone(),
+            watches.models.clone(),
+            watches.models_listed.clone(),
+            config.mirror_live_set_interval.max(Duration::from_secs(1)),
+        ));
+    }
     let ctx = Arc::new(Context {
         events: events::Publisher::new(client.clone(), std::env::var("POD_NAME").ok()),
         env: Env {
@@ -140,7 +195,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
             settings: config.settings.clone(),
             cache: watches.cache.clone(),
             clock: Arc::new(SystemClock),
-            http: Env::http_client().map_err(Error::Config)?,
+            http,
             inspections: Default::default(),
         },
         metrics,
@@ -153,15 +208,52 @@ pub async fn run(config: Config) -> Result<(), Error> {
     let controller = watches
         .controller()
         .with_config(controller::Config::default().concurrency(config.concurrency))
-        .shutdown_on_signal()
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|_| async {});
-    tokio::select! {
-        _ = controller => Ok(()),
-        r = server => match r {
-            Ok(Err(e)) => Err(e),
-            _ => Ok(()),
-        },
+    // Dropping the controller cancels every reconcile in flight: a replica that may no longer
+    // lead sends nothing more.
+    let lost = async {
+        match election.as_mut() {
+            Some(e) => e.lost().await,
+            None => std::future::pending().await,
+        }
+    };
+    let stopped = tokio::select! {
+        _ = controller => Ok(false),
+        r = &mut server => served(r).map(|_| false),
+        why = lost => Err(Error::LostLease(why)),
+        _ = shutdown() => Ok(true),
+    };
+    if stopped? {
+        info!("stopping");
+        if let Some(e) = election {
+            e.release().await;
+        }
+    }
+    Ok(())
+}
+
+/// The end of the health server, which ends the operator with it.
+fn served(r: Result<Result<(), Error>, tokio::task::JoinError>) -> Result<(), Error> {
+    match r {
+        Ok(Err(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// SIGTERM or SIGINT.
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -187,6 +187,12 @@ async fn write_status(
 ) -> Result<(), Error> {
     let api: Api<ModelServe> =
         Api::namespaced(ctx.env.client.clone(), &ms.namespace().unwrap_or_default());
+    // status.demand is the gateway's: left out of the apply, it stays the gateway's field, and a
+    // stale copy read here never overwrites a newer request time.
+    let status = ModelServeStatus {
+        demand: None,
+        ..status.clone()
+    };
     let patch = serde_json::json!({
         "apiVersion": ModelServe::api_version(&()),
         "kind": ModelServe::kind(&()),

@@ -25,6 +25,8 @@ type Events<K> = BoxStream<'static, Result<K, watcher::Error>>;
 /// The caches, and the streams that fill them until the controller consumes them.
 pub struct Watches {
     pub models: Store<ModelServe>,
+    /// True once the ModelServes have been listed, so an empty cache is known to be empty.
+    pub models_listed: tokio::sync::watch::Receiver<bool>,
     pub cache: Cache,
     model_events: Events<ModelServe>,
     deployments: Events<Compacted<Deployment>>,
@@ -39,10 +41,16 @@ impl Watches {
     pub fn start(client: &Client, namespace: Option<&str>) -> Watches {
         let managed = || watcher::Config::default().labels(&managed_selector());
         let (models, writer) = reflector::store();
+        let (listed_tx, models_listed) = tokio::sync::watch::channel(false);
         let model_events = watcher(api::<ModelServe>(client, namespace), Default::default())
             .default_backoff()
             .modify(slim)
             .reflect(writer)
+            .inspect_ok(move |e| {
+                if matches!(e, watcher::Event::InitDone) {
+                    listed_tx.send_replace(true);
+                }
+            })
             .applied_objects()
             // Only a new generation (a spec change, or a new object) wakes a ModelServe: its own
             // status writes do not, so progress is written at the pace the stages ask for.
@@ -93,6 +101,7 @@ impl Watches {
         ));
         Watches {
             models,
+            models_listed,
             cache,
             model_events,
             deployments: deployment_events,

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use super::fetch::{self, FetchError, Policy, Progress, State};
 use super::metrics::Metrics;
 use super::request::{self, FileStatus, Invalid, Request, Status};
+use super::space::{self, NoRoom, Refs, SpaceArgs};
 use super::store::{FileRef, Store};
 use crate::hub::{Hub, HubError};
 use crate::secret::Secret;
@@ -24,6 +25,10 @@ pub enum RequestError {
         "the mirror has {live} files queued or downloading and takes at most {most}; ask again when some have finished"
     )]
     Busy { live: usize, most: usize },
+    #[error("{0}")]
+    NoRoom(NoRoom),
+    #[error("the mirror cannot read its volume: {0}")]
+    Disk(String),
 }
 
 /// The running mirror.
@@ -38,6 +43,9 @@ pub struct Mirror {
     /// One permit per file that may download at once (`Policy::downloads`).
     slots: tokio::sync::Semaphore,
     pub metrics: Metrics,
+    space: SpaceArgs,
+    /// What is referenced; locked after `jobs` where both are held.
+    refs: Mutex<Refs>,
 }
 
 #[derive(Default)]
@@ -60,6 +68,28 @@ impl Jobs {
         self.by_sha.retain(|_, p| keep(p));
     }
 
+    /// The content downloading or queued now.
+    fn busy(&self) -> std::collections::HashSet<String> {
+        self.by_sha
+            .iter()
+            .filter(|(_, p)| !matches!(p.state(), State::Present | State::Failed))
+            .map(|(sha, _)| sha.clone())
+            .collect()
+    }
+
+    /// Bytes the downloads under way have still to write.
+    fn reserved(&self) -> u64 {
+        self.by_sha
+            .values()
+            .filter(|p| !matches!(p.state(), State::Present | State::Failed))
+            .map(|p| {
+                p.file
+                    .size
+                    .saturating_sub(p.bytes_done.load(Ordering::Relaxed))
+            })
+            .fold(0u64, u64::saturating_add)
+    }
+
     fn live(&self) -> usize {
         self.files
             .values()
@@ -78,11 +108,22 @@ impl Mirror {
         Mirror::with_registry(store, registry, policy)
     }
 
-    /// A mirror of `registry` (its endpoint and CA bundle).
+    /// A mirror of `registry` (its endpoint and CA bundle), with the default disk settings.
     pub fn with_registry(
         store: Store,
         registry: crate::hub::RegistryArgs,
         policy: Policy,
+    ) -> Result<Arc<Mirror>, HubError> {
+        Mirror::build(store, registry, policy, SpaceArgs::default())
+    }
+
+    /// A mirror with its disk settings. Within a Tokio runtime it starts collecting the blobs
+    /// no ModelServe references, once the operator has said which are.
+    pub fn build(
+        store: Store,
+        registry: crate::hub::RegistryArgs,
+        policy: Policy,
+        space: SpaceArgs,
     ) -> Result<Arc<Mirror>, HubError> {
         // The download loop resumes after failures itself, so the client retries little.
         let retry = crate::hub::Retry {
@@ -95,7 +136,7 @@ impl Mirror {
         let permits = policy
             .downloads
             .clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        Ok(Arc::new(Mirror {
+        let mirror = Arc::new(Mirror {
             store,
             registry,
             hub,
@@ -104,13 +145,139 @@ impl Mirror {
             jobs: Mutex::default(),
             slots: tokio::sync::Semaphore::new(permits),
             metrics: Default::default(),
-        }))
+            space,
+            refs: Mutex::default(),
+        });
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let weak = Arc::downgrade(&mirror);
+            tokio::spawn(collect(weak, space.interval()));
+        }
+        Ok(mirror)
+    }
+
+    /// The operator's live set: every sha256 some ModelServe's resolved set holds.
+    pub fn tell_live(&self, live: std::collections::HashSet<String>) {
+        let n = live.len();
+        lock(&self.refs).tell(live, std::time::Instant::now());
+        tracing::debug!(blobs = n, "the operator told the live set");
+    }
+
+    /// The unreferenced blobs, oldest first, and the sha256 of those downloading now.
+    fn candidates(
+        &self,
+        jobs: &Jobs,
+        refs: &mut Refs,
+    ) -> std::io::Result<Vec<(space::Blob, std::time::Duration)>> {
+        let blobs = self.store.blobs()?;
+        Ok(refs.unreferenced(
+            &blobs,
+            &jobs.busy(),
+            std::time::Instant::now(),
+            self.space.pin(),
+        ))
+    }
+
+    /// The volume now: the filesystem's figures, the store's own bytes against a capacity.
+    fn volume(&self) -> std::io::Result<(space::Volume, u64)> {
+        let (total, free) = self.store.filesystem()?;
+        let blobs = self.store.blobs()?;
+        let stored: u64 = blobs.iter().map(|b| b.size).sum();
+        let bytes = stored.saturating_add(self.store.partial_bytes()?);
+        Ok((
+            space::Volume::of(total, free, bytes, self.space.capacity),
+            bytes,
+        ))
+    }
+
+    /// One pass of the collector: deletes what the grace and the watermarks say may go.
+    pub fn collect_once(&self) -> std::io::Result<Vec<(space::Blob, space::Reason)>> {
+        let mut jobs = lock(&self.jobs);
+        let mut refs = lock(&self.refs);
+        let (volume, bytes) = self.volume()?;
+        let candidates = self.candidates(&jobs, &mut refs)?;
+        let plan = space::plan(&candidates, volume, &self.space);
+        for (b, reason) in &plan {
+            self.delete(&mut jobs, b, *reason)?;
+        }
+        let gone: u64 = plan.iter().map(|(b, _)| b.size).sum();
+        let reclaimable: u64 = candidates.iter().map(|(b, _)| b.size).sum::<u64>() - gone;
+        self.metrics
+            .store_bytes
+            .set(gauge(bytes.saturating_sub(gone)));
+        self.metrics.capacity_bytes.set(gauge(volume.total));
+        self.metrics.reclaimable_bytes.set(gauge(reclaimable));
+        if !plan.is_empty() {
+            tracing::info!("{}", space::describe(&plan, self.space.grace));
+        }
+        Ok(plan)
+    }
+
+    /// Deletes a blob and forgets the jobs that found it present, so a later request for it
+    /// fetches it again instead of answering from memory.
+    fn delete(
+        &self,
+        jobs: &mut Jobs,
+        b: &space::Blob,
+        reason: space::Reason,
+    ) -> std::io::Result<()> {
+        jobs.files.retain(|_, p| p.file.sha256 != b.sha256);
+        jobs.by_sha.remove(&b.sha256);
+        let links = self.store.remove_blob(&b.sha256)?;
+        let reason: &'static str = reason.into();
+        tracing::info!(sha256 = %b.sha256, bytes = b.size, links, reason, "deleted an unreferenced blob");
+        self.metrics.evicted(reason, b.size);
+        Ok(())
+    }
+
+    /// Checks that the new content of `req` fits, making room from unreferenced blobs if that
+    /// is enough. Content present or downloading already needs no room.
+    fn room_for(&self, jobs: &mut Jobs, req: &Request) -> Result<(), RequestError> {
+        let disk = |e: std::io::Error| RequestError::Disk(e.to_string());
+        let mut refs = lock(&self.refs);
+        let now = std::time::Instant::now();
+        for f in &req.files {
+            refs.requested(&f.sha256, now);
+        }
+        let busy = jobs.busy();
+        let mut seen = std::collections::HashSet::new();
+        let needed: u64 = req
+            .files
+            .iter()
+            .filter(|f| seen.insert(f.sha256.as_str()))
+            .filter(|f| !busy.contains(&f.sha256) && !self.store.has_blob(&f.sha256))
+            .map(|f| f.size)
+            .sum();
+        if needed == 0 {
+            return Ok(());
+        }
+        let reserved = jobs.reserved();
+        let (volume, _) = self.volume().map_err(disk)?;
+        let room = volume.available.saturating_sub(reserved);
+        if needed <= room {
+            return Ok(());
+        }
+        let candidates = self.candidates(jobs, &mut refs).map_err(disk)?;
+        match space::make_room(&candidates, needed - room) {
+            Some(blobs) => {
+                for b in &blobs {
+                    self.delete(jobs, b, space::Reason::Capacity)
+                        .map_err(disk)?;
+                }
+                Ok(())
+            }
+            None => Err(RequestError::NoRoom(NoRoom {
+                needed,
+                available: volume.available,
+                reserved,
+                reclaimable: candidates.iter().map(|(b, _)| b.size).sum(),
+            })),
+        }
     }
 
     /// Starts what is not present or under way, and reports every file's state.
     pub fn request(self: &Arc<Mirror>, req: &Request) -> Result<Status, RequestError> {
         request::check(req).map_err(RequestError::Invalid)?;
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut jobs = lock(&self.jobs);
         if jobs.files.len() > PRUNE_AT {
             jobs.prune(&self.policy);
         }
@@ -124,6 +291,15 @@ impl Mirror {
             let most = self.policy.queue.max(1);
             if live.saturating_add(new) > most {
                 return Err(RequestError::Busy { live, most });
+            }
+        }
+        if new > 0 {
+            self.room_for(&mut jobs, req)?;
+        } else {
+            let now = std::time::Instant::now();
+            let mut refs = lock(&self.refs);
+            for f in &req.files {
+                refs.requested(&f.sha256, now);
             }
         }
         let progress: Vec<_> = req
@@ -240,6 +416,47 @@ impl Mirror {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
         });
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn gauge(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The collector: a pass every `interval` while the mirror lives.
+async fn collect(mirror: std::sync::Weak<Mirror>, interval: std::time::Duration) {
+    // The same failure pass after pass is logged once, until it changes.
+    let mut last: Option<String> = None;
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(m) = mirror.upgrade() else { return };
+        let told = lock(&m.refs).told();
+        let pass = tokio::task::spawn_blocking(move || {
+            if told {
+                m.collect_once().map(|_| ())
+            } else {
+                // Nothing goes before the operator has spoken; the figures are kept current.
+                m.volume().map(|(v, bytes)| {
+                    m.metrics.store_bytes.set(gauge(bytes));
+                    m.metrics.capacity_bytes.set(gauge(v.total));
+                })
+            }
+        })
+        .await;
+        match pass {
+            Ok(Err(e)) => {
+                let e = e.to_string();
+                if last.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(error = %e, "garbage collection could not read or delete in the store");
+                }
+                last = Some(e);
+            }
+            _ => last = None,
+        }
     }
 }
 

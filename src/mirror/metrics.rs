@@ -16,6 +16,18 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    /// grace, watermark, capacity
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Refused {
+    /// unauthenticated, forbidden, unavailable
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Kind {
     pub kind: String,
 }
@@ -28,6 +40,16 @@ pub struct Metrics {
     pub failures: Family<Kind, Counter>,
     pub active: Gauge,
     pub speed: Gauge,
+    /// Bytes the store holds (verified blobs and partial downloads).
+    pub store_bytes: Gauge,
+    /// The volume's size, or the capacity the store may use.
+    pub capacity_bytes: Gauge,
+    /// Bytes of blobs no ModelServe references, which the collector may delete.
+    pub reclaimable_bytes: Gauge,
+    pub evictions: Family<Reason, Counter>,
+    pub evicted_bytes: Counter,
+    /// Callers turned away, by result (unauthenticated, forbidden, unavailable).
+    pub refusals: Family<Refused, Counter>,
     /// Bytes counted at the last throughput sample, and when (ms since start).
     sample: (AtomicU64, AtomicU64),
     started: std::time::Instant,
@@ -42,6 +64,12 @@ impl Default for Metrics {
             failures: Family::default(),
             active: Gauge::default(),
             speed: Gauge::default(),
+            store_bytes: Gauge::default(),
+            capacity_bytes: Gauge::default(),
+            reclaimable_bytes: Gauge::default(),
+            evictions: Family::default(),
+            evicted_bytes: Counter::default(),
+            refusals: Family::default(),
             sample: (AtomicU64::new(0), AtomicU64::new(0)),
             started: std::time::Instant::now(),
             registry: Registry::default(),
@@ -71,6 +99,36 @@ impl Default for Metrics {
             "Bytes per second received since the previous scrape",
             m.speed.clone(),
         );
+        registry.register(
+            "store_bytes",
+            "Bytes the store holds: verified blobs and partial downloads",
+            m.store_bytes.clone(),
+        );
+        registry.register(
+            "capacity_bytes",
+            "Size of the mirror's volume, or the capacity it may use (--capacity)",
+            m.capacity_bytes.clone(),
+        );
+        registry.register(
+            "reclaimable_bytes",
+            "Bytes of blobs no ModelServe references, which garbage collection may delete",
+            m.reclaimable_bytes.clone(),
+        );
+        registry.register(
+            "evictions",
+            "Unreferenced blobs deleted, by reason (grace, watermark, capacity)",
+            m.evictions.clone(),
+        );
+        registry.register(
+            "evicted_bytes",
+            "Bytes of unreferenced blobs deleted",
+            m.evicted_bytes.clone(),
+        );
+        registry.register(
+            "refused_requests",
+            "Requests turned away by the mirror's authentication, by result (unauthenticated, forbidden, unavailable)",
+            m.refusals.clone(),
+        );
         Metrics { registry, ..m }
     }
 }
@@ -82,6 +140,23 @@ impl Metrics {
                 outcome: outcome.into(),
             })
             .inc();
+    }
+
+    pub fn refused(&self, result: &str) {
+        self.refusals
+            .get_or_create(&Refused {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    pub fn evicted(&self, reason: &str, bytes: u64) {
+        self.evictions
+            .get_or_create(&Reason {
+                reason: reason.into(),
+            })
+            .inc();
+        self.evicted_bytes.inc_by(bytes);
     }
 
     pub fn failure(&self, kind: &str) {

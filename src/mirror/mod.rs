@@ -8,16 +8,18 @@
 //! present files to the replicas.
 
 pub mod api;
+pub mod auth;
 pub mod fetch;
 pub mod jobs;
 pub mod metrics;
 pub mod request;
 pub mod serve;
+pub mod space;
 pub mod store;
 
 use std::net::SocketAddr;
 
-pub use api::router;
+pub use api::{router, router_with};
 pub use jobs::{Mirror, RequestError};
 pub use request::{FileStatus, Invalid, Request, Status};
 
@@ -47,6 +49,10 @@ pub struct Config {
     /// Bytes one connection asks for at a time (at least 1Mi), e.g. 64Mi.
     #[arg(long, env = "MODELSERVE_MIRROR_SEGMENT", default_value = "64Mi", value_parser = parse_segment)]
     pub segment_size: u64,
+    #[command(flatten)]
+    pub space: space::SpaceArgs,
+    #[command(flatten)]
+    pub auth: auth::AuthArgs,
 }
 
 fn parse_segment(s: &str) -> Result<u64, String> {
@@ -59,6 +65,8 @@ fn parse_segment(s: &str) -> Result<u64, String> {
 
 /// Runs `modelserve mirror` until the process ends.
 pub async fn run(config: Config) -> Result<(), String> {
+    config.space.validate()?;
+    config.auth.validate()?;
     let store = Store::open(&config.dir)
         .map_err(|e| format!("cannot open the store at {}: {e}", config.dir.display()))?;
     let policy = Policy {
@@ -67,13 +75,14 @@ pub async fn run(config: Config) -> Result<(), String> {
         downloads: config.downloads.into(),
         ..Policy::default()
     };
-    let mirror = Mirror::with_registry(store, config.registry.clone(), policy)
+    let mirror = Mirror::build(store, config.registry.clone(), policy, config.space)
         .map_err(|e| format!("{}: {e}", crate::hub::RegistryArgs::flag_of(&e)))?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
-    tracing::info!(addr = %config.addr, dir = %config.dir.display(), "mirror serving");
-    axum::serve(listener, router(mirror))
+    let gate = auth::Gate::start(&config.auth).await?;
+    tracing::info!(addr = %config.addr, dir = %config.dir.display(), auth = ?config.auth.mode, "mirror serving");
+    axum::serve(listener, router_with(mirror, gate))
         .await
         .map_err(|e| e.to_string())
 }

@@ -161,6 +161,37 @@ fn too_many(n: usize) -> Invalid {
     )
 }
 
+/// Reads a live set `{"sha256": ["<64 hex>", ...]}` of at most `most` digests, naming the first
+/// one that is not valid.
+pub fn parse_live(body: &[u8], most: usize) -> Result<std::collections::HashSet<String>, Invalid> {
+    const SHAPE: &str =
+        "it must be a JSON object {\"sha256\": [\"<64 lowercase hex digits>\", ...]}";
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Live {
+        sha256: Vec<String>,
+    }
+    let live: Live = serde_json::from_slice(body)
+        .map_err(|e| Invalid::new("body", Some(&e.to_string()), SHAPE))?;
+    if live.sha256.len() > most {
+        return Err(Invalid::new(
+            "sha256",
+            Some(&format!("{} digests", live.sha256.len())),
+            format!("a live set names at most {most} digests"),
+        ));
+    }
+    for (i, sha) in live.sha256.iter().enumerate() {
+        if !is_lower_hex(sha, 64) {
+            return Err(Invalid::new(
+                format!("sha256[{i}]"),
+                Some(sha),
+                SHA256_VALID,
+            ));
+        }
+    }
+    Ok(live.sha256.into_iter().collect())
+}
+
 /// Reads a request body (already bounded by [`MAX_BODY`]), naming the first field that is
 /// missing, of the wrong type or not valid.
 pub fn parse(body: &[u8]) -> Result<Request, Invalid> {
@@ -246,6 +277,17 @@ fn file(o: &serde_json::Map<String, Value>) -> Result<FileRef, Invalid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_live_set_is_digests_only_and_bounded() {
+        let ok = format!("{{\"sha256\": [\"{}\"]}}", "a".repeat(64));
+        assert_eq!(parse_live(ok.as_bytes(), 10).unwrap().len(), 1);
+        let bad = parse_live(br#"{"sha256": ["../etc"]}"#, 10).unwrap_err();
+        assert_eq!(bad.to_json()["field"], "sha256[0]");
+        let many = format!("{{\"sha256\": [\"{0}\", \"{0}\"]}}", "b".repeat(64));
+        assert!(parse_live(many.as_bytes(), 1).is_err());
+        assert!(parse_live(br#"{"sha": []}"#, 10).is_err());
+    }
 
     fn body(files: Value) -> Vec<u8> {
         serde_json::json!({ "files": files })

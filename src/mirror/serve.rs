@@ -1,6 +1,7 @@
 //! `GET /v1/files/OWNER/NAME/COMMIT/PATH`: a present file for the replicas' init container, whole
-//! or one byte range. A malformed path or Range is a 400 naming it, a range beyond the end a
-//! 416, a file that is not present a 404; nothing a client sends reaches the disk unchecked.
+//! or one byte range, to a caller the [`Gate`] lets read it. A malformed path or Range is a 400
+//! naming it, a range beyond the end a 416, a file that is not present a 404; nothing a client
+//! sends reaches the disk unchecked.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::Mirror;
 use super::api::reject;
+use super::auth::Gate;
 use super::request::{Invalid, check_location};
 
 const RANGE_VALID: &str =
@@ -77,6 +79,7 @@ pub fn parse_range(v: Option<&HeaderValue>, size: u64) -> Result<Option<(u64, u6
 /// Serves a present file, with Range.
 pub(super) async fn serve_file(
     State(m): State<Arc<Mirror>>,
+    State(gate): State<Gate>,
     path: Result<Path<(String, String, String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> Response {
@@ -92,6 +95,17 @@ pub(super) async fn serve_file(
     let repo = format!("{owner}/{name}");
     if let Err(e) = check_location(&repo, &commit, &path) {
         return reject(StatusCode::BAD_REQUEST, &e);
+    }
+    match gate.may_read(&headers, &repo, &commit, &path).await {
+        Ok(Some(caller)) => {
+            tracing::debug!(%caller, %repo, %commit, %path, "serving a file");
+        }
+        Ok(None) => {}
+        Err(r) => {
+            m.metrics.refused(r.result());
+            tracing::info!(status = r.status.as_u16(), why = %r.message, "refused a caller");
+            return r.into_response();
+        }
     }
     let not_present = || {
         let e = Invalid::new(

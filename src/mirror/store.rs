@@ -128,6 +128,116 @@ impl Store {
     pub fn free_space(&self) -> io::Result<u64> {
         free_space(&self.root)
     }
+
+    /// The size and free bytes of the store's filesystem.
+    pub fn filesystem(&self) -> io::Result<(u64, u64)> {
+        let s = rustix::fs::statvfs(&self.root)?;
+        Ok((
+            s.f_blocks.saturating_mul(s.f_frsize),
+            s.f_bavail.saturating_mul(s.f_frsize),
+        ))
+    }
+
+    /// Whether a verified blob of this content is on disk.
+    pub fn has_blob(&self, sha256: &str) -> bool {
+        self.verified(sha256).is_file()
+    }
+
+    /// Every verified blob (each content once), at most [`MAX_BLOBS`] of them.
+    pub fn blobs(&self) -> io::Result<Vec<super::space::Blob>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.root.join(".by-sha256"))?.take(MAX_BLOBS) {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(sha) = name.to_str() else { continue };
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            if meta.is_file() {
+                out.push(super::space::Blob {
+                    sha256: sha.to_string(),
+                    size: meta.len(),
+                    modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Bytes the partial downloads hold on disk now.
+    pub fn partial_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let mut total = 0u64;
+        for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
+            let meta = entry?.metadata()?;
+            if meta.is_file() {
+                total = total.saturating_add(meta.blocks().saturating_mul(512).min(meta.len()));
+            }
+        }
+        Ok(total)
+    }
+
+    /// Deletes a blob and every name of it: the snapshot links that resolve to it in any
+    /// repository and commit, the repositories' blob links, and `.by-sha256`. Folders left empty
+    /// go too. Returns how many snapshot links pointed at it.
+    pub fn remove_blob(&self, sha256: &str) -> io::Result<usize> {
+        let mut links = 0;
+        for repo in std::fs::read_dir(&self.root)?.take(MAX_BLOBS) {
+            let repo = repo?.path();
+            let is_repo = repo
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("models--"));
+            if !is_repo {
+                continue;
+            }
+            let snapshots = repo.join("snapshots");
+            if snapshots.is_dir() {
+                links += unlink_to(&snapshots, sha256, 0)?;
+            }
+            match std::fs::remove_file(repo.join("blobs").join(sha256)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let _ = std::fs::remove_dir(repo.join("blobs"));
+            let _ = std::fs::remove_dir(&snapshots);
+            let _ = std::fs::remove_dir(&repo);
+        }
+        match std::fs::remove_file(self.verified(sha256)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(links),
+        }
+    }
+}
+
+/// The most entries one listing of the store reads.
+pub const MAX_BLOBS: usize = 100_000;
+
+/// Removes the links under `dir` whose target is a blob named `sha256`, and folders left empty;
+/// `depth` bounds the walk (paths are validated to fewer folders than this).
+fn unlink_to(dir: &Path, sha256: &str, depth: usize) -> io::Result<usize> {
+    if depth > 64 {
+        return Ok(0);
+    }
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir)?.take(MAX_BLOBS) {
+        let entry = entry?;
+        let path = entry.path();
+        let kind = entry.file_type()?;
+        if kind.is_symlink() {
+            let target = std::fs::read_link(&path)?;
+            if target.file_name().and_then(|n| n.to_str()) == Some(sha256) {
+                std::fs::remove_file(&path)?;
+                n += 1;
+            }
+        } else if kind.is_dir() {
+            n += unlink_to(&path, sha256, depth + 1)?;
+            // Only succeeds once empty.
+            let _ = std::fs::remove_dir(&path);
+        }
+    }
+    Ok(n)
 }
 
 /// Free bytes (for an unprivileged writer) on the filesystem holding `path`.
@@ -202,12 +312,27 @@ mod tests {
         let other = FileRef {
             repo: "x/y".into(),
             path: "m.gguf".into(),
-            ..f
+            ..f.clone()
         };
         assert!(
             store.adopt(&other).unwrap(),
             "the same content in another repo is linked, not fetched"
         );
         assert!(store.present(&other));
+        assert_eq!(store.blobs().unwrap().len(), 1, "one content, one blob");
+
+        // Deleting the content removes every name of it, in both repositories.
+        assert_eq!(store.remove_blob(&f.sha256).unwrap(), 2);
+        assert!(!store.present(&f) && !store.present(&other));
+        assert!(store.blobs().unwrap().is_empty());
+        assert!(
+            !dir.path().join("models--o--r").exists(),
+            "empty folders go"
+        );
+        assert_eq!(
+            store.remove_blob(&f.sha256).unwrap(),
+            0,
+            "twice is harmless"
+        );
     }
 }

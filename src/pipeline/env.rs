@@ -14,6 +14,10 @@ pub const DEFAULT_PULL_IMAGE: &str =
 
 /// The default llama.cpp server image.
 pub const DEFAULT_ENGINE_IMAGE: &str = "ghcr.io/ggml-org/llama.cpp:server-b10587";
+/// The same build for each GPU accelerator: official tags name the accelerator and the build.
+pub const DEFAULT_ENGINE_IMAGE_CUDA: &str = "ghcr.io/ggml-org/llama.cpp:server-cuda-b10587";
+pub const DEFAULT_ENGINE_IMAGE_ROCM: &str = "ghcr.io/ggml-org/llama.cpp:server-rocm-b10587";
+pub const DEFAULT_ENGINE_IMAGE_VULKAN: &str = "ghcr.io/ggml-org/llama.cpp:server-vulkan-b10587";
 
 /// The operator's settings the stages read (flags of `modelserve controller`).
 #[derive(Clone, Debug, clap::Args)]
@@ -26,9 +30,27 @@ pub struct Settings {
     /// llama.cpp server image of the replicas, pinned by build (its tag names the build).
     #[arg(long, env = "MODELSERVE_ENGINE_IMAGE", default_value = DEFAULT_ENGINE_IMAGE)]
     pub engine_image: String,
+    /// llama.cpp server image of replicas with engine.accelerator cuda, pinned by build (server-cuda-bN is CUDA 12, server-cuda13-bN CUDA 13).
+    #[arg(long, env = "MODELSERVE_ENGINE_IMAGE_CUDA", default_value = DEFAULT_ENGINE_IMAGE_CUDA)]
+    pub engine_image_cuda: String,
+    /// llama.cpp server image of replicas with engine.accelerator rocm, pinned by build.
+    #[arg(long, env = "MODELSERVE_ENGINE_IMAGE_ROCM", default_value = DEFAULT_ENGINE_IMAGE_ROCM)]
+    pub engine_image_rocm: String,
+    /// llama.cpp server image of replicas with engine.accelerator vulkan, pinned by build.
+    #[arg(long, env = "MODELSERVE_ENGINE_IMAGE_VULKAN", default_value = DEFAULT_ENGINE_IMAGE_VULKAN)]
+    pub engine_image_vulkan: String,
+    /// Memory kept free on each GPU when the Check stage places layers (llama.cpp's --fit-target), for the CUDA context and what the estimate leaves out, e.g. 1Gi or 512Mi.
+    #[arg(long, env = "MODELSERVE_GPU_HEADROOM", default_value = "1Gi", value_parser = parse_memory)]
+    pub gpu_headroom: u64,
     /// The cluster's model mirror (`modelserve mirror`), e.g. http://modelserve-mirror:8090.
     #[arg(long, env = "MODELSERVE_MIRROR_URL")]
     pub mirror_url: Option<String>,
+    /// A file holding the operator's token for the mirror (a projected ServiceAccount token for the mirror's audience), sent as "Authorization: Bearer" and read again before each request; without it the operator sends none (a mirror run with --auth none).
+    #[arg(long, env = "MODELSERVE_MIRROR_TOKEN_FILE")]
+    pub mirror_token_file: Option<std::path::PathBuf>,
+    /// The audience of the token the replicas' init container presents to the mirror: the mirror's --audience.
+    #[arg(long, env = "MODELSERVE_MIRROR_AUDIENCE", default_value = crate::mirror::auth::DEFAULT_AUDIENCE)]
+    pub mirror_audience: String,
     /// The llama.cpp build the nodes run, when the image tag does not say (for example `latest`).
     #[arg(long, env = "MODELSERVE_ENGINE_BUILD", value_parser = parse_build)]
     pub engine_build: Option<u32>,
@@ -50,6 +72,34 @@ pub struct Settings {
     /// Longest one stage of one ModelServe may run in a reconcile before it is stopped and retried, so a slow registry or replica holds up nobody else.
     #[arg(long, env = "MODELSERVE_STAGE_TIMEOUT", default_value = "5m", value_parser = crate::units::parse_duration)]
     pub stage_timeout: Duration,
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    crate::units::parse_quantity(s)
+        .ok_or_else(|| format!("{s:?} is not a memory size such as 1Gi or 512Mi"))
+}
+
+impl Settings {
+    /// The engine image of replicas on `accelerator`, unless the ModelServe names one.
+    pub fn engine_image_for(&self, accelerator: crate::api::Accelerator) -> &str {
+        use crate::api::Accelerator;
+        match accelerator {
+            Accelerator::Cpu => &self.engine_image,
+            Accelerator::Cuda => &self.engine_image_cuda,
+            Accelerator::Rocm => &self.engine_image_rocm,
+            Accelerator::Vulkan => &self.engine_image_vulkan,
+        }
+    }
+
+    /// The operator's token for the mirror, read now; None without --mirror-token-file.
+    pub fn mirror_token(&self) -> Result<Option<String>, String> {
+        let Some(path) = &self.mirror_token_file else {
+            return Ok(None);
+        };
+        crate::mirror::auth::read_token_file(path)
+            .map(Some)
+            .map_err(|e| format!("cannot read the mirror token in {}: {e}", path.display()))
+    }
 }
 
 fn parse_build(s: &str) -> Result<u32, String> {

@@ -43,6 +43,9 @@ pub enum MirrorFailure {
     /// The mirror's own reason: wrong bytes, a full disk, a registry that keeps failing.
     #[error("{0}")]
     MirrorFailed(String),
+    /// The set does not fit the mirror's volume; nothing of it was fetched.
+    #[error("{0}")]
+    InsufficientCapacity(String),
     #[error(transparent)]
     #[strum(disabled)]
     Token(#[from] TokenFailure),
@@ -59,7 +62,9 @@ impl Failure for MirrorFailure {
     fn recovery(&self) -> Recovery {
         match self {
             MirrorFailure::MirrorNotConfigured => Recovery::SpecChange,
-            MirrorFailure::MirrorFailed(_) => Recovery::Heals(RETRY_FAILED),
+            MirrorFailure::MirrorFailed(_) | MirrorFailure::InsufficientCapacity(_) => {
+                Recovery::Heals(RETRY_FAILED)
+            }
             MirrorFailure::Token(t) => t.recovery(),
             MirrorFailure::MirrorUnavailable { .. } | MirrorFailure::MirrorRefused { .. } => {
                 Recovery::TRANSIENT
@@ -88,11 +93,16 @@ pub fn decide(s: &Status, request: &str) -> (Outcome, MirrorStatus) {
         .saturating_mul(100)
         .checked_div(s.bytes_total)
         .unwrap_or(100) as i32;
-    let mirror = MirrorStatus {
+    let left = s.bytes_total.saturating_sub(s.bytes_done);
+    let arriving = left > 0 && s.bytes_per_second > 0;
+    let eta = left.checked_div(s.bytes_per_second).filter(|_| arriving);
+    let mut mirror = MirrorStatus {
         request: Some(request.to_string()),
         bytes_done: i64::try_from(s.bytes_done).unwrap_or(i64::MAX),
         bytes_total: i64::try_from(s.bytes_total).unwrap_or(i64::MAX),
         percent,
+        bytes_per_second: arriving.then(|| i64::try_from(s.bytes_per_second).unwrap_or(i64::MAX)),
+        eta_seconds: eta.map(|e| i64::try_from(e).unwrap_or(i64::MAX)),
         files: s
             .files
             .iter()
@@ -104,6 +114,8 @@ pub fn decide(s: &Status, request: &str) -> (Outcome, MirrorStatus) {
             .collect(),
     };
     if let Some(failed) = s.files.iter().find(|f| f.state == "failed") {
+        mirror.bytes_per_second = None;
+        mirror.eta_seconds = None;
         let why = failed
             .error
             .clone()
@@ -122,11 +134,7 @@ pub fn decide(s: &Status, request: &str) -> (Outcome, MirrorStatus) {
         human_bytes(s.bytes_done),
         human_bytes(s.bytes_total)
     );
-    if let Some(left) = s
-        .bytes_total
-        .saturating_sub(s.bytes_done)
-        .checked_div(s.bytes_per_second)
-    {
+    if let Some(left) = eta {
         message += &format!(
             " at {}/s, about {} left",
             human_bytes(s.bytes_per_second),
@@ -214,18 +222,22 @@ async fn ask(
         url: url.to_string(),
         why,
     };
-    let answer = env
+    let mut post = env
         .http
         .post(format!("{}/v1/fetch", url.trim_end_matches('/')))
         .timeout(ASK_TIMEOUT)
-        .json(&Request { files, token })
-        .send()
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
+        .json(&Request { files, token });
+    if let Some(bearer) = env.settings.mirror_token().map_err(&unavailable)? {
+        post = post.bearer_auth(bearer);
+    }
+    let answer = post.send().await.map_err(|e| unavailable(e.to_string()))?;
     let code = answer.status();
     let body = crate::http::read_capped(answer, 4 << 20)
         .await
         .map_err(|e| unavailable(format!("the answer broke off: {e}")))?;
+    if code == reqwest::StatusCode::INSUFFICIENT_STORAGE {
+        return Err(MirrorFailure::InsufficientCapacity(no_room(&body)));
+    }
     if !code.is_success() {
         let text: String = String::from_utf8_lossy(&body)
             .chars()
@@ -239,10 +251,33 @@ async fn ask(
     serde_json::from_slice(&body).map_err(|e| unavailable(format!("unreadable answer: {e}")))
 }
 
+/// The mirror's words from a 507 answer, bounded.
+fn no_room(body: &[u8]) -> String {
+    let why = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let why: String = why.chars().take(QUOTED * 2).collect();
+    format!("the mirror has no room for this model: {why}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mirror::FileStatus;
+
+    #[test]
+    fn a_set_the_mirror_has_no_room_for_says_so_with_its_figures() {
+        let body = br#"{"error": "the set needs 3.0 GiB on the mirror's volume, which has 1.0 GiB free less 0 B reserved", "reason": "InsufficientCapacity"}"#;
+        let f = MirrorFailure::InsufficientCapacity(no_room(body));
+        assert_eq!(f.reason(), "InsufficientCapacity");
+        assert_eq!(
+            f.to_string(),
+            "the mirror has no room for this model: the set needs 3.0 GiB on the mirror's volume, which has 1.0 GiB free less 0 B reserved"
+        );
+        assert!(matches!(f.recovery(), Recovery::Heals(_)));
+        assert!(no_room(&[b'x'; 4096]).len() < 700, "bounded");
+    }
 
     fn file(state: &str, done: u64, size: u64) -> FileStatus {
         FileStatus {
@@ -278,6 +313,8 @@ mod tests {
         );
         assert_eq!(m.percent, 37);
         assert_eq!(m.request.as_deref(), Some("k"));
+        assert_eq!(m.bytes_per_second, Some(50 << 20));
+        assert_eq!(m.eta_seconds, Some(51));
         assert_eq!(
             o.message(),
             "37% (1.5 GiB of 4.0 GiB) at 50.0 MiB/s, about 51s left"

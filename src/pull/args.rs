@@ -37,6 +37,9 @@ pub struct Args {
     /// Copies from scratch after a sha256 mismatch before giving up.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub attempts: u32,
+    /// A file holding the token sent to the mirror as "Authorization: Bearer" (a projected ServiceAccount token for the mirror's audience), read again before each request so a rotated token is used.
+    #[arg(long, value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// One file to pull, checked.
@@ -56,6 +59,7 @@ pub struct Plan {
     pub commit: String,
     pub dest: PathBuf,
     pub files: Vec<Wanted>,
+    pub token_file: Option<PathBuf>,
 }
 
 impl Plan {
@@ -125,6 +129,7 @@ impl Plan {
             commit,
             dest: args.dest.clone(),
             files,
+            token_file: args.token_file.clone(),
         })
     }
 
@@ -138,6 +143,19 @@ impl Plan {
                 .extend(path.split('/'));
         }
         u
+    }
+
+    /// The mirror token, read now from `--token-file`; None without the flag.
+    pub fn token(&self) -> Result<Option<String>, PullError> {
+        let Some(path) = &self.token_file else {
+            return Ok(None);
+        };
+        crate::mirror::auth::read_token_file(path)
+            .map(Some)
+            .map_err(|why| PullError::Token {
+                path: path.display().to_string(),
+                why,
+            })
     }
 
     /// The first 12 digits of the commit, for messages.
@@ -208,6 +226,7 @@ mod tests {
             connect_timeout: 10,
             stall_timeout: 30,
             attempts: 3,
+            token_file: None,
         }
     }
 

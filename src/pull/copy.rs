@@ -213,6 +213,9 @@ impl<'a> Job<'a> {
         if held.have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={}-", held.have));
         }
+        if let Some(token) = self.plan.token().map_err(Step::Fatal)? {
+            req = req.bearer_auth(token);
+        }
         let mut resp = match tokio::time::timeout(stall, req.send()).await {
             Err(_) => {
                 return Err(Step::Retry(format!(
@@ -351,12 +354,16 @@ async fn quoted_body(mut resp: reqwest::Response, stall: Duration) -> String {
             _ => break,
         }
     }
-    String::from_utf8_lossy(&buf)
-        .chars()
-        .take(200)
-        .collect::<String>()
-        .trim()
-        .into()
+    // The mirror's refusals are JSON whose "error" says why, in a sentence worth reading whole;
+    // anything else is quoted short.
+    let (text, most) = match serde_json::from_slice::<serde_json::Value>(&buf)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(str::to_string))
+    {
+        Some(error) => (error, 600),
+        None => (String::from_utf8_lossy(&buf).into_owned(), 200),
+    };
+    text.chars().take(most).collect::<String>().trim().into()
 }
 
 /// A `Content-Range: bytes START-END/TOTAL` header.

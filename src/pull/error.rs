@@ -60,6 +60,8 @@ pub enum PullError {
         status: u16,
         body: String,
     },
+    #[error("cannot read the mirror token in {path}: {why}")]
+    Token { path: String, why: String },
     #[error("{path}: disk error in {dest}: {source}")]
     Disk {
         path: String,

@@ -83,6 +83,8 @@ pub struct Health {
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<Metrics>,
     pub watchdog: Arc<Watchdog>,
+    /// Leader, standby, or alone (leader election off).
+    pub role: super::RoleCell,
     /// The stage of every model there is, read at each scrape.
     pub stages: Arc<dyn Fn() -> Vec<String> + Send + Sync>,
 }
@@ -118,20 +120,30 @@ async fn healthz(State(h): State<Health>) -> impl IntoResponse {
     }
 }
 
+/// A standby is ready: it has nothing to list until it leads, and it takes over within a lease
+/// duration; a PodDisruptionBudget counts only ready replicas, so a not-ready standby would
+/// block every node drain. Its body says it is not the leader. The leader (or a lone replica)
+/// is ready once its watch caches have listed.
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
-    if h.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (
+    use super::Role;
+    match h.role.get() {
+        Role::Standby => (
+            StatusCode::OK,
+            "ok: standby, not leader; takes over when the leader's Lease expires",
+        ),
+        _ if !h.ready.load(Ordering::Relaxed) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the watch caches have not listed yet",
-        )
+        ),
+        Role::Leader => (StatusCode::OK, "ok: leader"),
+        Role::Alone => (StatusCode::OK, "ok"),
     }
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
     let stages = (h.stages)();
     h.metrics.set_models(stages.iter().map(String::as_str));
+    h.metrics.leader.set(i64::from(h.role.leads()));
     (
         [(
             header::CONTENT_TYPE,

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub retries: Family<RetryLabel, Counter>,
     /// Requests the operator's client sent to the API server.
     pub api_requests: Requests,
+    /// 1 while this replica runs the controller (holds the Lease, or leader election is off).
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -59,6 +61,12 @@ impl Default for Metrics {
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.25, 2.0, 18)));
         let retries = Family::<RetryLabel, Counter>::default();
         let api_requests = Requests::default();
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica runs the controller (holds the Lease, or leader election is off), 0 while it is a standby",
+            leader.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciles by result (ok, error)",
@@ -115,6 +123,7 @@ impl Default for Metrics {
             stage_seconds,
             retries,
             api_requests,
+            leader,
         }
     }
 }

@@ -3,9 +3,11 @@
 pub mod health;
 pub mod metrics;
 pub mod requests;
+pub mod role;
 
 pub use health::{Health, Watchdog, serve};
 pub use metrics::{Metrics, ReasonLabel, ResultLabel, RetryLabel, StageLabel};
+pub use role::{Role, RoleCell};
 
 /// Log format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -427,6 +427,17 @@ impl FakeHub {
         self.inner.lock().unwrap().concurrent.0
     }
 
+    /// The size of `path` at the head of `repo`'s main branch.
+    pub fn file_size(&self, repo: &str, path: &str) -> u64 {
+        let inner = self.inner.lock().unwrap();
+        let r = &inner.repos[repo];
+        r.commits[&r.branches["main"]]
+            .iter()
+            .find(|f| f.path == path)
+            .map(|f| f.size)
+            .unwrap_or_else(|| panic!("{repo} has no {path}"))
+    }
+
     /// Caps every CDN connection at `bytes_per_second`.
     pub fn throttle(&self, bytes_per_second: u64) {
         self.inner.lock().unwrap().rate = Some(bytes_per_second.max(1));

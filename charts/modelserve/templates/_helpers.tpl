@@ -29,6 +29,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: mirror
 {{- end -}}
 
+{{/* Pod labels of the gateway. */}}
+{{- define "modelserve.gatewaySelector" -}}
+app.kubernetes.io/name: modelserve
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: gateway
+{{- end -}}
+
 {{- define "modelserve.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}

@@ -49,8 +49,15 @@ pub struct Limits {
 pub enum PlaceFailure {
     #[error("{0}")]
     Unschedulable(String),
+    /// Unschedulable for want of GPUs: the scheduler says `Insufficient nvidia.com/gpu`.
+    #[error("{0}")]
+    #[strum(serialize = "InsufficientGPU")]
+    InsufficientGpu(String),
     #[error("{0}")]
     CrashLoop(String),
+    /// A crash loop whose last exit says the node's GPU driver is older than the image's CUDA.
+    #[error("{0}")]
+    DriverTooOld(String),
     #[error("{0}")]
     #[strum(serialize = "OOMKilled")]
     OomKilled(String),
@@ -71,7 +78,9 @@ impl Failure for PlaceFailure {
 
     fn recovery(&self) -> Recovery {
         match self {
-            PlaceFailure::Unschedulable(_) => Recovery::Heals(RETRY_UNSCHEDULABLE),
+            PlaceFailure::Unschedulable(_) | PlaceFailure::InsufficientGpu(_) => {
+                Recovery::Heals(RETRY_UNSCHEDULABLE)
+            }
             _ => Recovery::Heals(RETRY_FAILING),
         }
     }
@@ -154,7 +163,16 @@ pub fn decide(
             (Outcome::failed(&PlaceFailure::FailedCreate(m)), None)
         }
         Verdict::Progress(m) => (waiting(m), None),
+        Verdict::Unschedulable(m) if short_of_gpus(&m) => {
+            (Outcome::failed(&PlaceFailure::InsufficientGpu(m)), None)
+        }
         Verdict::Unschedulable(m) => (Outcome::failed(&PlaceFailure::Unschedulable(m)), None),
+        Verdict::CrashLoop(m) if driver_too_old(&m) => (
+            Outcome::failed(&PlaceFailure::DriverTooOld(format!(
+                "{m}; the node's GPU driver is older than the CUDA runtime of the engine image: use an image built for the nodes' CUDA (server-cuda is CUDA 12, server-cuda13 CUDA 13) or update the driver"
+            ))),
+            None,
+        ),
         Verdict::CrashLoop(m) => (Outcome::failed(&PlaceFailure::CrashLoop(m)), None),
         Verdict::OomKilled(m) => (Outcome::failed(&PlaceFailure::OomKilled(m)), None),
         Verdict::ImagePull(m) => (Outcome::failed(&PlaceFailure::ImagePullFailed(m)), None),
@@ -166,6 +184,29 @@ pub fn decide(
         replicas,
         ready_replicas,
     }
+}
+
+/// Whether the scheduler's words say a GPU resource is short (`Insufficient nvidia.com/gpu`,
+/// `Insufficient amd.com/gpu`).
+fn short_of_gpus(m: &str) -> bool {
+    m.split("Insufficient ").skip(1).any(|rest| {
+        rest.split([',', ' '])
+            .next()
+            .is_some_and(|resource| resource.trim_end_matches('.').ends_with("/gpu"))
+    })
+}
+
+/// Whether an exit says the GPU driver is too old for the image's CUDA runtime, in the words
+/// the CUDA runtime and ggml use.
+fn driver_too_old(m: &str) -> bool {
+    let m = m.to_ascii_lowercase();
+    [
+        "cuda driver version is insufficient",
+        "provided ptx was compiled with an unsupported toolchain",
+        "forward compatibility was attempted on non supported hw",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
 }
 
 /// The API server's words when the Deployment's ReplicaSet could not create a pod and none of
@@ -225,6 +266,34 @@ pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome
 mod tests {
     use super::testing::*;
     use super::*;
+
+    #[test]
+    fn gpus_the_scheduler_lacks_and_a_driver_too_old_are_told_apart() {
+        assert!(short_of_gpus(
+            "m-a cannot be scheduled: 0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint(s)."
+        ));
+        assert!(short_of_gpus(
+            "0/1 nodes are available: 1 Insufficient amd.com/gpu."
+        ));
+        assert!(!short_of_gpus(
+            "0/2 nodes are available: 2 Insufficient memory."
+        ));
+        assert!(!short_of_gpus(
+            "0/2 nodes are available: 2 Insufficient cpu."
+        ));
+        assert!(driver_too_old(
+            "container llama-server exited 4 times, last exit code 1 (Error): ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime version"
+        ));
+        assert!(!driver_too_old("exit code 1 (Error): error loading model"));
+        assert_eq!(
+            PlaceFailure::InsufficientGpu(String::new()).reason(),
+            "InsufficientGPU"
+        );
+        assert_eq!(
+            PlaceFailure::DriverTooOld(String::new()).reason(),
+            "DriverTooOld"
+        );
+    }
 
     #[test]
     fn decide_waits_for_the_deployment_and_reports_a_ready_replica_with_the_endpoint() {
