@@ -202,7 +202,7 @@ async fn serve_on_demand_prints_each_stage_in_order_with_mirror_progress_and_exi
     assert_eq!(
         r.stdout.lines().last().unwrap(),
         format!(
-            "tiny is on demand: replicas is 0: the model is cataloged and starts on the next scale-up. Start it with `kubectl scale modelserve/tiny -n {ns} --replicas=1`"
+            "tiny is on demand: replicas is 0: on demand, the gateway loads the model on its first request. Ask it through the gateway (`modelserve ask tiny \"Hello\"`), or start it now with `kubectl scale modelserve/tiny -n {ns} --replicas=1`"
         )
     );
     assert!(r.stderr.is_empty(), "{}", r.stderr);

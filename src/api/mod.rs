@@ -51,6 +51,11 @@ pub const DEFAULT_REVISION: &str = "main";
         json_path = ".status.smoke.tokensPerSecond"
     ),
     printcolumn(
+        name = "Asked",
+        type_ = "date",
+        json_path = ".status.demand.lastRequestAt"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -138,6 +143,43 @@ pub struct ModelServeSpec {
     /// The chat completion sent to a ready replica to prove it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smoke_test: Option<SmokeTestSpec>,
+
+    /// Loading on demand through the gateway (`modelserve gateway`). When set, the gateway owns replicas: a request for the model at 0 replicas scales it to 1, and idleAfter without a request scales it back to 0. A person may still scale it up; the gateway scales it back to 0 once it is idle. Without it, replicas 0 leaves the model cataloged until someone scales it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand: Option<OnDemandSpec>,
+}
+
+/// How an on-demand model is loaded and unloaded by the gateway.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct OnDemandSpec {
+    /// How long the model stays loaded after its last request before the gateway scales it back to 0 replicas: a duration from 1s to 7d such as 30s, 15m or 1h30m. Default 15m.
+    #[serde(default = "default_idle_after")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = r"^([0-9]+(ms|s|m|h|d))+$"))]
+    pub idle_after: String,
+}
+
+/// The shortest and longest idleAfter.
+pub const MIN_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+pub const MAX_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+impl OnDemandSpec {
+    /// idleAfter as a duration, or why it is not one within 1s..=7d.
+    pub fn idle_after(&self) -> Result<std::time::Duration, String> {
+        let d = crate::units::parse_duration(&self.idle_after)
+            .map_err(|e| format!("spec.onDemand.idleAfter: {e}"))?;
+        if !(MIN_IDLE_AFTER..=MAX_IDLE_AFTER).contains(&d) {
+            return Err(format!(
+                "spec.onDemand.idleAfter: {:?} is out of range; give a duration from 1s to 7d",
+                self.idle_after
+            ));
+        }
+        Ok(d)
+    }
+}
+
+fn default_idle_after() -> String {
+    "15m".into()
 }
 
 /// A key of a Secret in the ModelServe's namespace.
@@ -155,6 +197,10 @@ pub struct SecretKeyRef {
 
 /// Optional overrides of the llama.cpp engine; unset fields take the operator's configuration.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(
+    validation = Rule::new("!has(self.gpus) || self.gpus == 0 || (has(self.accelerator) && self.accelerator != 'cpu')").message("engine.gpus above 0 needs a GPU accelerator: set engine.accelerator to cuda, rocm or vulkan").field_path(".gpus"),
+    validation = Rule::new("!(has(self.gpuLayers) || has(self.splitMode) || has(self.gpuResource) || has(self.gpuMemory)) || (has(self.accelerator) && self.accelerator != 'cpu')").message("gpuLayers, splitMode, gpuResource and gpuMemory apply to a GPU accelerator only: set engine.accelerator to cuda, rocm or vulkan").field_path(".accelerator")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct EngineSpec {
     /// llama.cpp server image, pinned by build (for example ghcr.io/ggml-org/llama.cpp:server-b6500).
@@ -173,9 +219,122 @@ pub struct EngineSpec {
     /// Tolerations of the replicas' pods; also widens the nodes the Check stage considers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// What the replicas compute on: cpu (default), cuda, rocm or vulkan. With a GPU the Check stage computes, before any download, how many layers fit on which GPU of the nodes, by llama.cpp's own placement rules, and the replicas run with exactly that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accelerator: Option<Accelerator>,
+    /// GPUs per replica (default 1 with a GPU accelerator); requested as the gpuResource extended resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16))]
+    pub gpus: Option<i32>,
+    /// Layers to offload to the GPUs (llama.cpp --n-gpu-layers, the output layer counting as one); default: the most that fit, computed by the Check stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 10000))]
+    pub gpu_layers: Option<i32>,
+    /// How the model is split over several GPUs (llama.cpp --split-mode): layer (default), row or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_mode: Option<SplitMode>,
+    /// The extended resource the GPUs are requested as; default from the accelerator: nvidia.com/gpu for cuda and vulkan, amd.com/gpu for rocm.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+        )
+    )]
+    pub gpu_resource: Option<String>,
+    /// Memory of one GPU, such as 24Gi, for nodes whose labels do not say (nvidia.com/gpu.memory from GPU Feature Discovery, amd.com/gpu.vram); it also replaces what they say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 32),
+        regex(pattern = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+    )]
+    pub gpu_memory: Option<String>,
+}
+
+/// What the replicas compute on.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    #[default]
+    Cpu,
+    Cuda,
+    Rocm,
+    Vulkan,
+}
+
+impl Accelerator {
+    pub fn is_gpu(self) -> bool {
+        self != Accelerator::Cpu
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Accelerator::Cpu => "cpu",
+            Accelerator::Cuda => "cuda",
+            Accelerator::Rocm => "rocm",
+            Accelerator::Vulkan => "vulkan",
+        }
+    }
+
+    /// The extended resource GPUs of this kind are requested as, unless engine.gpuResource says.
+    pub fn default_resource(self) -> Option<&'static str> {
+        match self {
+            Accelerator::Cpu => None,
+            Accelerator::Cuda | Accelerator::Vulkan => Some("nvidia.com/gpu"),
+            Accelerator::Rocm => Some("amd.com/gpu"),
+        }
+    }
+}
+
+/// How llama.cpp splits a model over several GPUs.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// Whole layers per GPU, in proportion to --tensor-split.
+    #[default]
+    Layer,
+    /// Rows of each weight matrix across the GPUs.
+    Row,
+    /// One GPU only.
+    None,
+}
+
+impl SplitMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            SplitMode::Layer => "layer",
+            SplitMode::Row => "row",
+            SplitMode::None => "none",
+        }
+    }
 }
 
 impl EngineSpec {
+    /// The accelerator, defaulted to cpu.
+    pub fn accelerator(&self) -> Accelerator {
+        self.accelerator.unwrap_or_default()
+    }
+
+    /// GPUs per replica: the spec's, else 1 with a GPU accelerator, else 0.
+    pub fn gpus(&self) -> u32 {
+        match (self.gpus, self.accelerator().is_gpu()) {
+            (Some(n), true) => n.clamp(0, 16) as u32,
+            (None, true) => 1,
+            (_, false) => 0,
+        }
+    }
+
+    /// The extended resource the GPUs are requested as.
+    pub fn gpu_resource(&self) -> Option<String> {
+        self.gpu_resource
+            .clone()
+            .or_else(|| self.accelerator().default_resource().map(String::from))
+    }
+
     /// The memory the user asks for in `resources`: the request, or else the limit (which
     /// Kubernetes copies into a missing request). None when only the estimate applies.
     pub fn memory_request(

@@ -51,6 +51,25 @@ pub struct ModelServeStatus {
     /// The smoke test's reply and speed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub smoke: Option<SmokeStatus>,
+    /// Requests through the gateway, written by the gateway (never by the controller): when the model was last asked for, and when the gateway last loaded or unloaded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<DemandStatus>,
+}
+
+/// What the gateway records of a model's requests; its replicas share it, so they agree on when
+/// an on-demand model has been idle long enough.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DemandStatus {
+    /// When a request for the model last reached a gateway or was last seen in flight there (refreshed at least every quarter of idleAfter, at most once a second).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_request_at: Option<Time>,
+    /// When a gateway last scaled the model from 0 replicas for a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activated_at: Option<Time>,
+    /// When a gateway last scaled the model back to 0 replicas after idleAfter without a request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaled_to_zero_at: Option<Time>,
 }
 
 /// Where a ready replica runs.
@@ -134,6 +153,44 @@ pub struct CheckStatus {
     /// What the estimate counted, as a sentence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<String>,
+    /// With a GPU accelerator: the layers offloaded (--n-gpu-layers, the output layer counting as one) and of how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<i32>,
+    /// With a GPU accelerator: the layers there are to offload (the blocks and the output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<i32>,
+    /// With several GPUs: the share of layers of each (--tensor-split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_split: Option<String>,
+    /// The memory of one GPU the placement assumes; replicas go only to nodes whose GPUs have at least this much.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_bytes: Option<i64>,
+    /// With a GPU accelerator: what each GPU of a replica holds, by llama.cpp's placement rules. memoryBytes is then the host part alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<DeviceStatus>,
+}
+
+/// One GPU of a replica and what llama.cpp puts on it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatus {
+    /// The GPU's index in the replica (CUDA0, CUDA1, ...).
+    pub index: i32,
+    /// The GPU model, from the node's labels, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub product: Option<String>,
+    /// The layers it holds, such as 0-15, and whether the output layer is among them.
+    pub layers: String,
+    /// Weights on the GPU, in bytes.
+    pub weights_bytes: i64,
+    /// KV cache and recurrent state of its layers, in bytes.
+    pub kv_bytes: i64,
+    /// Compute buffers on the GPU, in bytes.
+    pub compute_bytes: i64,
+    /// All of it.
+    pub total_bytes: i64,
+    /// The GPU's memory the placement was checked against, in bytes.
+    pub memory_bytes: i64,
 }
 
 /// Mirror progress.
@@ -150,6 +207,12 @@ pub struct MirrorStatus {
     pub bytes_total: i64,
     /// bytesDone over bytesTotal, 0 to 100.
     pub percent: i32,
+    /// Download speed over all files, in bytes per second, while files arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_second: Option<i64>,
+    /// Seconds until the whole set is present at that speed, while files arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
     /// Per-file state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<MirrorFileStatus>,
@@ -192,4 +255,7 @@ pub struct SmokeStatus {
     /// is run again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<String>,
+    /// With a GPU accelerator: the layers the engine's log says it offloaded (0 when it found no usable GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<i32>,
 }

@@ -1,5 +1,6 @@
 //! The command-line side: commands people run against a registry or a cluster.
 
+pub mod ask;
 pub mod cluster;
 pub mod estimate;
 pub mod list;

@@ -22,9 +22,12 @@ pub struct Args {
     /// Serving replicas (default 1).
     #[arg(long, value_parser = clap::value_parser!(i32).range(0..=1000), conflicts_with = "on_demand")]
     pub replicas: Option<i32>,
-    /// Prepare everything but start no replica (replicas 0); a later scale-up starts it.
+    /// On demand: prepare everything but start no replica (replicas 0); the gateway loads the model on its first request and unloads it after --idle-after without one.
     #[arg(long)]
     pub on_demand: bool,
+    /// With --on-demand: how long the model stays loaded after its last request (1s to 7d, default 15m).
+    #[arg(long, requires = "on_demand", value_parser = parse_idle_after)]
+    pub idle_after: Option<String>,
     /// Namespace (default: the kubeconfig context's, else default).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
@@ -151,6 +154,13 @@ pub fn manifest(args: &Args, name: &str) -> serde_json::Value {
         args.replicas
     };
     set("replicas", replicas.map(Into::into));
+    set(
+        "onDemand",
+        args.on_demand.then(|| match &args.idle_after {
+            Some(idle) => serde_json::json!({"idleAfter": idle}),
+            None => serde_json::json!({}),
+        }),
+    );
     set("contextSize", args.context_size.map(Into::into));
     set("contextLength", args.context_length.map(Into::into));
     set(
@@ -195,6 +205,16 @@ pub fn object_name(repo: &str) -> String {
     }
     out.truncate(63);
     out.trim_end_matches('-').to_string()
+}
+
+/// An idleAfter the API server accepts: a duration from 1s to 7d.
+fn parse_idle_after(s: &str) -> Result<String, String> {
+    let spec = crate::api::OnDemandSpec {
+        idle_after: s.to_string(),
+    };
+    spec.idle_after()
+        .map_err(|e| e.replace("spec.onDemand.idleAfter: ", ""))?;
+    Ok(s.to_string())
 }
 
 /// A name the Deployment and Service can share: a DNS-1035 label.
@@ -313,7 +333,8 @@ mod tests {
         assert_eq!(
             m["spec"],
             serde_json::json!({"repo": "acme/Tiny-GGUF", "quant": "Q8_0", "replicas": 0,
-                "contextSize": 8192, "tokenSecretRef": {"name": "hf", "key": "token"},
+                "onDemand": {}, "contextSize": 8192,
+                "tokenSecretRef": {"name": "hf", "key": "token"},
                 "smokeTest": {"enabled": false}})
         );
     }
@@ -333,6 +354,33 @@ mod tests {
         let a = args(&["a/b", "--timeout", "1h30m"]);
         assert_eq!(a.timeout, Some(Duration::from_secs(5400)));
         assert!(T::try_parse_from(["serve", "a/b", "--timeout", "soon"]).is_err());
+    }
+
+    #[test]
+    fn on_demand_is_replicas_zero_with_the_gateway_owning_them() {
+        let m = manifest(&args(&["a/b", "--on-demand", "--idle-after", "30m"]), "b");
+        assert_eq!(m["spec"]["replicas"], 0);
+        assert_eq!(
+            m["spec"]["onDemand"],
+            serde_json::json!({"idleAfter": "30m"})
+        );
+        let m = manifest(&args(&["a/b", "--on-demand"]), "b");
+        assert_eq!(
+            m["spec"]["onDemand"],
+            serde_json::json!({}),
+            "the API server defaults it"
+        );
+        assert!(
+            manifest(&args(&["a/b"]), "b")["spec"]
+                .get("onDemand")
+                .is_none()
+        );
+        // --idle-after alone, or out of range, is refused before anything is applied.
+        assert!(T::try_parse_from(["serve", "a/b", "--idle-after", "30m"]).is_err());
+        assert!(T::try_parse_from(["serve", "a/b", "--on-demand", "--idle-after", "8d"]).is_err());
+        assert!(
+            T::try_parse_from(["serve", "a/b", "--on-demand", "--idle-after", "soon"]).is_err()
+        );
     }
 
     #[test]

@@ -369,6 +369,8 @@ mod tests {
                 served_name: "tiny".into(),
             }),
             mirror: Some(MirrorStatus {
+                bytes_per_second: None,
+                eta_seconds: None,
                 request: None,
                 bytes_done: 1 << 20,
                 bytes_total: 2 << 20,
@@ -424,6 +426,8 @@ Mirror:     50% (1.0 MiB of 2.0 MiB)
                 last_transition_time: Time(at(0)),
             }],
             mirror: Some(MirrorStatus {
+                bytes_per_second: None,
+                eta_seconds: None,
                 request: None,
                 bytes_done: -7,
                 bytes_total: i64::MAX,

@@ -279,6 +279,8 @@ mod tests {
             &[("True", "a"), ("True", "b"), ("Unknown", "Mirroring")],
         );
         ms.status.as_mut().unwrap().mirror = Some(MirrorStatus {
+            bytes_per_second: None,
+            eta_seconds: None,
             request: None,
             bytes_done: done,
             bytes_total: 10 << 20,

@@ -172,8 +172,18 @@ pub fn conclude(
         }
         Verdict::OnDemand { message } => {
             if output == Output::Text {
+                let start = if ms.spec.on_demand.is_some() {
+                    format!(
+                        "Ask it through the gateway (`modelserve ask {} \"Hello\"`), or start it now with `kubectl scale modelserve/{name} -n {namespace} --replicas=1`",
+                        crate::names::served_name_of(&ms.spec)
+                    )
+                } else {
+                    format!(
+                        "Start it with `kubectl scale modelserve/{name} -n {namespace} --replicas=1`"
+                    )
+                };
                 display.line(&format!(
-                    "{name} is on demand: {}. Start it with `kubectl scale modelserve/{name} -n {namespace} --replicas=1`",
+                    "{name} is on demand: {}. {start}",
                     shown(&message, MESSAGE_CHARS)
                 ));
             }

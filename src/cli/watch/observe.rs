@@ -127,6 +127,8 @@ mod tests {
             stage: Some("Mirror".into()),
             conditions: vec![cond("Mirrored", "Unknown", "Mirroring", "copying")],
             mirror: Some(MirrorStatus {
+                bytes_per_second: None,
+                eta_seconds: None,
                 request: None,
                 bytes_done: done,
                 bytes_total: total,
