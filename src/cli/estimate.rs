@@ -1,13 +1,17 @@
 //! `modelserve estimate FILE...`: the Check stage's verdict and memory estimate for local GGUF
-//! files (the shards of one model, first shard first), without a registry or a cluster.
+//! files (the shards of one model, first shard first), without a registry or a cluster; with
+//! `--gpu`, where llama.cpp would put the model on those GPUs (`gpu`).
+
+mod gpu;
 
 use std::io::Write;
 
+use crate::cli::Output;
 use crate::gguf::inspect::{self, Verdict};
 use crate::gguf::memory::repack::Tiers;
 use crate::gguf::{self, FileSource, ReadError, memory, read_header};
 use crate::pipeline::check;
-use crate::units::gi_quantity;
+use crate::units::{gi_quantity, human_bytes};
 
 /// Flags of `modelserve estimate`.
 #[derive(Clone, Debug, clap::Args)]
@@ -29,11 +33,42 @@ pub struct Args {
     /// largest of all).
     #[arg(long, default_value = "unknown", value_parser = clap::value_parser!(Tiers))]
     pub cpu: Tiers,
+    /// A GPU's free memory, one flag per GPU (--gpu 24GiB --gpu 24GiB), optionally named
+    /// (--gpu A10=22.5GiB): units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (or Ki, Mi, Gi, Ti).
+    #[arg(long = "gpu", value_name = "[NAME=]MEMORY", value_parser = gpu::parse_gpu)]
+    pub gpus: Vec<gpu::Gpu>,
+    /// Layers on the GPUs, the output layer counted (llama-server's -ngl): a number, all, or auto
+    /// (default: as llama.cpp's --fit decides for the GPUs' free memory).
+    #[arg(long, value_name = "N|all|auto", value_parser = gpu::parse_layers, allow_hyphen_values = true)]
+    pub gpu_layers: Option<gpu::Layers>,
+    /// One share of the layers per GPU, as llama-server's --tensor-split takes them: 3,1
+    /// (default: by free memory for --gpu-layers N, or as --fit decides).
+    #[arg(long, value_name = "SHARES", value_parser = gpu::parse_split, allow_hyphen_values = true)]
+    pub tensor_split: Option<gpu::Split>,
+    /// MiB kept free on each GPU for the CUDA runtime (llama.cpp's --fit-target) [default: 1024].
+    #[arg(long, value_name = "MiB", value_parser = gpu::parse_fit_target, allow_hyphen_values = true)]
+    pub fit_target: Option<u64>,
+    /// Output format [default: json; text with --gpu].
+    #[arg(long, short, value_enum)]
+    pub output: Option<Output>,
 }
 
-/// Prints the estimate as JSON; an error is one line naming the file, what is wrong and the
-/// condition reason the Check stage would give.
+/// Prints the estimate, as JSON unless asked for text; with GPUs, also the offload (under
+/// `offload` in JSON). An error is one line naming the file or the flag, what is wrong and, for
+/// a file, the condition reason the Check stage would give.
 pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
+    // The flags first: a wrong one is reported before any file is read.
+    let request = gpu::Request::new(
+        &args.gpus,
+        args.gpu_layers,
+        args.tensor_split.as_ref(),
+        args.fit_target,
+    )?;
+    let output = args.output.unwrap_or(if args.gpus.is_empty() {
+        Output::Json
+    } else {
+        Output::Text
+    });
     let mut model = None;
     for path in &args.files {
         let file = path.display().to_string();
@@ -54,8 +89,26 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         estimate: e,
     } = inspect::judge(&header, args.files.len() > 1, args.engine_build, &flags)
         .map_err(|e| format!("{e} ({})", e.reason()))?;
+    let offload = if args.gpus.is_empty() && output == Output::Json {
+        None
+    } else {
+        Some(gpu::offload(&header, &flags, &request)?)
+    };
+    if output == Output::Text {
+        let arch = header.architecture().unwrap_or("unknown architecture");
+        let head = format!(
+            "{arch}, first build b{first_build}, {} slots of {} tokens: {} of RAM without a GPU\n",
+            flags.parallel,
+            args.context_size / flags.parallel,
+            human_bytes(e.total)
+        );
+        let body = offload.map(|o| o.text()).unwrap_or_default();
+        return out
+            .write_all(format!("{head}{body}").as_bytes())
+            .map_err(|e| e.to_string());
+    }
     let parts = parts(&e);
-    let json = serde_json::json!({
+    let mut json = serde_json::json!({
         "architecture": header.architecture(),
         "firstBuild": format!("b{first_build}"),
         "parallel": flags.parallel,
@@ -67,6 +120,9 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         "memory": gi_quantity(e.total), "kvBytesPerToken": e.kv_bytes_per_token,
         "fallback": e.fallback, "basis": e.basis, "parts": parts,
     });
+    if let Some(o) = offload {
+        json["offload"] = o.json();
+    }
     out.write_all(format!("{json:#}\n").as_bytes())
         .map_err(|e| e.to_string())
 }

@@ -23,18 +23,19 @@ use super::bounds::{
     SLIDING_WINDOW, SLIDING_WINDOW_PATTERN, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER,
     SSM_STATE, TOKEN_SHIFT, VALUE_LENGTH, VALUE_LENGTH_SWA, WKV_HEAD_SIZE,
 };
-use super::header::Header;
+use super::header::{Header, TensorInfo};
 use super::hparams::{self, Hp};
 use super::support::ggml_type;
 use crate::units::human_bytes;
-use arch::{HYBRID_BY_INTERVAL, HYBRID_BY_KV0, NO_KV, RECURRENT, swa_defaults};
+use arch::{HYBRID_BY_INTERVAL, HYBRID_BY_KV0, NO_KV, RECURRENT, SCALED_EMBEDDINGS, swa_defaults};
 use basis::{engine_basis, repack_basis};
 
 const KV_ELEMENT_BYTES: u128 = 2; // f16, llama-server's default cache type
 const STATE_ELEMENT_BYTES: u128 = 4; // recurrent state is always f32
 const PAD: u128 = 256;
-/// llama-server reserves logits for its slots only from this build on (before: for a whole ubatch).
-const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
+/// llama-server reserves logits for its slots only from this build on (before: for a whole
+/// ubatch, as llama-fit-params still does).
+pub const OUTPUTS_PER_SLOT_FROM: u32 = 9460;
 /// MLA caches keep no V from this build on.
 const MLA_NO_V_FROM: u32 = 7832;
 /// llama-server keeps context checkpoints from this build on (`--swa-checkpoints`): copies of a
@@ -129,7 +130,7 @@ fn bytes(n: u128) -> u64 {
 /// bounds are clamped to them and the figures to `MAX_ESTIMATE`. For a header and settings that
 /// `estimate_checked` accepts, nothing is clamped.
 pub fn estimate(h: &Header, f: &Flags) -> Estimate {
-    compute(h, f).0
+    parts(h, f).estimate
 }
 
 /// The estimate, or the bound that the header or the settings exceed: the header's counts
@@ -137,7 +138,11 @@ pub fn estimate(h: &Header, f: &Flags) -> Estimate {
 pub fn estimate_checked(h: &Header, f: &Flags) -> Result<Estimate, BoundsError> {
     hparams::validate(h)?;
     f.check()?;
-    let (e, total) = compute(h, f);
+    let Parts {
+        estimate: e,
+        unclamped: total,
+        ..
+    } = parts(h, f);
     if total > u128::from(MAX_ESTIMATE) {
         return Err(BoundsError::AboveLimit {
             field: "the estimated memory of a replica".into(),
@@ -149,8 +154,46 @@ pub fn estimate_checked(h: &Header, f: &Flags) -> Result<Estimate, BoundsError> 
     Ok(e)
 }
 
-/// The estimate and its total before clamping.
-fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
+/// The estimate and what it is made of, layer by layer where the engine keeps a part with its
+/// layer: what `offload` needs to put each part on the device that holds it.
+pub(crate) struct Parts {
+    pub estimate: Estimate,
+    /// The estimate's total before clamping.
+    pub unclamped: u128,
+    /// Bytes of each layer's KV cache (`block_count` entries; none in the fallback).
+    pub kv: Vec<u64>,
+    /// Bytes of each layer's recurrent state, all slots together.
+    pub recurrent: Vec<u64>,
+    /// The compute buffer's parts (it is the larger of activations, `scaled` and masks, and of
+    /// logits, two residual rows and `out_rows`): the logits of the reserved outputs, the widest layer's
+    /// activations for one ubatch, and the attention masks (f16) of one ubatch.
+    pub logits: u64,
+    pub activations: u64,
+    pub masks: u64,
+    /// The masks' parts: of the full-attention cache, and of the sliding-window cache.
+    pub mask_full: u64,
+    pub mask_window: u64,
+    /// The mask each layer reads (`block_count` entries; none in the fallback).
+    pub mask_layers: Vec<Mask>,
+    /// One ubatch of the residual stream (n_embd f32 per token).
+    pub residual: u64,
+    /// One ubatch of scaled token embeddings where the first block runs (`SCALED_EMBEDDINGS`).
+    pub scaled: u64,
+    /// The residual rows of the reserved outputs (n_embd f32 each).
+    pub out_rows: u64,
+}
+
+/// The attention mask a layer reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mask {
+    /// None: no KV cache (a recurrent layer).
+    None,
+    Full,
+    Window,
+}
+
+/// The estimate and its parts.
+pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     let (weights, unknown_types) = weights(h);
     let hp = Hp::new(h);
     let arch = hp.arch;
@@ -232,12 +275,15 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let full_cells = n_ctx_seq * parallel;
     let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u128, 0u128, 0u64, 0u64);
     let mut swa_row = 0u128;
-    for il in 0..n_layer {
+    let mut kv_layers = vec![0u64; usize::try_from(n_layer).unwrap_or(0)];
+    let mut mask_layers = vec![Mask::None; kv_layers.len()];
+    for ((il, layer_kv), mask) in (0..n_layer).zip(kv_layers.iter_mut()).zip(&mut mask_layers) {
         if !has_kv(il) {
             continue;
         }
         let heads = u128::from(heads_kv(il));
         let swa = is_swa(il);
+        *mask = if swa { Mask::Window } else { Mask::Full };
         let (hk, hv) = if swa {
             (head_k_swa, head_v_swa)
         } else {
@@ -249,20 +295,30 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
             hv * heads
         };
         let row = (hk * heads + v_width) * KV_ELEMENT_BYTES;
+        let cells = if swa { swa_cells } else { full_cells };
+        kv += row * cells;
+        *layer_kv = bytes(row * cells);
         if swa {
-            kv += row * swa_cells;
             swa_row += row;
             swa_layers += 1;
         } else {
-            kv += row * full_cells;
             per_token += row;
             full_layers += 1;
         }
     }
 
     let recurrent_count = (0..n_layer).filter(|il| is_recurrent(*il)).count() as u128;
-    let state_per_seq = recurrent_count * recurrent_state(&hp, n_embd_w) * STATE_ELEMENT_BYTES;
-    let recurrent = state_per_seq * parallel;
+    let layer_state = recurrent_state(&hp, n_embd_w) * STATE_ELEMENT_BYTES * parallel;
+    let recurrent = recurrent_count * layer_state;
+    let recurrent_layers = (0..n_layer)
+        .map(|il| {
+            if is_recurrent(il) {
+                bytes(layer_state)
+            } else {
+                0
+            }
+        })
+        .collect();
     // A checkpoint holds one slot's recurrent state and the cells of its sliding-window cache
     // that the window still sees: the engine writes only the cells within n_swa positions of the
     // slot's latest (llama_kv_cache::state_write skips the masked ones), so at most n_swa of the
@@ -287,16 +343,20 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     let u = |p| hp.u(p).map_or(0, u128::from);
     let n_ff_moe = u(&EXPERT_FEED_FORWARD) * u(&EXPERT_USED);
     let logits = vocab * n_out * 4;
-    // The graph allocator's peak for one ubatch: the FFN phase keeps the residual, the normed
-    // input and gate/up/product rows alive (fitted on llama-server's own compute-buffer figures);
-    // recurrent layers keep their projected inputs and scan output instead.
-    // MoE layers keep the chosen experts' rows plus the router's logits and probabilities; an
-    // all-MoE model (no leading dense layers) has no dense FFN phase at all.
+    // The graph allocator's peak for one ubatch, fitted on llama-server's own compute-buffer
+    // figures (b11312, CPU and RPC devices) for the test bed's tiny models and the memory
+    // benchmark's (widths 768 to 2304), within 5%: the FFN phase keeps three residual-wide rows
+    // (the layer's input, the graph's embeddings input and their gathered copy) and the gate,
+    // up and product rows alive; recurrent layers keep their projected inputs and scan output
+    // instead, and the scan's new state of each slot.
+    // MoE layers keep the chosen experts' rows plus the router's logits and probabilities, and
+    // two residual rows more (fitted on a 512-wide model using 4 of 16 experts); an all-MoE
+    // model (no leading dense layers) has no dense FFN phase at all.
     let experts = u(&EXPERT_COUNT);
-    let dense_phase = 4 * n_embd_w + 3 * n_ff;
+    let dense_phase = 3 * n_embd_w + 3 * n_ff;
     let ffn_phase = if experts > 0 {
         let shared = u(&EXPERT_SHARED) * u(&EXPERT_FEED_FORWARD);
-        let moe_phase = 4 * n_embd_w + 3 * (n_ff_moe + shared) + 2 * experts;
+        let moe_phase = 5 * n_embd_w + 3 * (n_ff_moe + shared) + 2 * experts;
         if u(&LEADING_DENSE) > 0 {
             moe_phase.max(dense_phase)
         } else {
@@ -305,31 +365,48 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
     } else {
         dense_phase
     };
-    let ssm_phase = if recurrent_count > 0 {
-        4 * n_embd_w + 5 * u(&SSM_INNER) + 2 * u(&SSM_GROUPS) * u(&SSM_STATE) + u(&SSM_DT_RANK)
+    let (ssm_phase, scan_state) = if recurrent_count > 0 {
+        (
+            4 * n_embd_w + 5 * u(&SSM_INNER) + 2 * u(&SSM_GROUPS) * u(&SSM_STATE) + u(&SSM_DT_RANK),
+            layer_state,
+        )
     } else {
-        0
+        (0, 0)
     };
-    // Multi-head latent attention (deepseek2 and its kin) keeps, per head, the query, the query
-    // absorbed into the latent space, its concatenation with the rotary part (the cache's key
-    // width) and the latent attention output: wider than the FFN phase of a small model (the
-    // engine logged 33.0 MiB of compute for a 768-wide deepseek2 whose FFN phase gives 27.0).
+    // Multi-head latent attention (deepseek2 and its kin) keeps, per head, the query with its
+    // rotary part in the latent space (the cache's key width), the query absorbed into the
+    // latent space and the latent attention output: wider than the FFN phase of a small model
+    // (the engine logged 33.0 MiB of compute for a 768-wide deepseek2 whose FFN phase gives 21).
     let mla_phase = if mla {
-        2 * n_embd_w + u128::from(n_head0) * (u(&KEY_LENGTH_MLA) + 2 * u(&KV_LORA_RANK) + head_k)
+        2 * n_embd_w + u128::from(n_head0) * (head_k + 2 * u(&KV_LORA_RANK))
     } else {
         0
     };
-    let activations = ubatch * 4 * ffn_phase.max(ssm_phase).max(mla_phase);
-    // The attention masks are f16, one row per cell of one stream, per cache (full and window).
-    let masks = ubatch
-        * 2
-        * (if full_layers > 0 { n_ctx_seq } else { 0 }
-            + if swa_layers > 0 {
-                swa_cells / parallel
-            } else {
-                0
-            });
-    let compute = logits + activations + masks;
+    let activations =
+        (ubatch * 4 * ffn_phase.max(mla_phase)).max(ubatch * 4 * ssm_phase + scan_state);
+    // The attention masks are f16 (flash attention, which llama-server turns on where the
+    // backend has it), one row per cell of one stream, per cache (full and window).
+    let mask_full = if full_layers > 0 {
+        ubatch * 2 * n_ctx_seq
+    } else {
+        0
+    };
+    let mask_window = if swa_layers > 0 {
+        ubatch * 2 * (swa_cells / parallel)
+    } else {
+        0
+    };
+    let masks = mask_full + mask_window;
+    let residual = ubatch * n_embd_w * 4;
+    let scaled = if SCALED_EMBEDDINGS.contains(&arch) {
+        residual
+    } else {
+        0
+    };
+    // The logits come after the last block has freed its rows: the output phase holds them,
+    // the embeddings input (two residual rows) and the reserved outputs' rows, the masks freed.
+    let out_rows = n_out * n_embd_w * 4;
+    let compute = (activations + scaled + masks).max(logits + 2 * residual + out_rows);
     let head_k0 = head_k * u128::from(n_head0);
     let widest = [n_ff, n_embd_w, head_k0, n_ff_moe]
         .into_iter()
@@ -408,7 +485,21 @@ fn compute(h: &Header, f: &Flags) -> (Estimate, u128) {
         fallback: false,
         basis,
     };
-    (e, total)
+    Parts {
+        estimate: e,
+        unclamped: total,
+        kv: kv_layers,
+        recurrent: recurrent_layers,
+        logits: bytes(logits),
+        activations: bytes(activations),
+        masks: bytes(masks),
+        mask_full: bytes(mask_full),
+        mask_window: bytes(mask_window),
+        mask_layers,
+        residual: bytes(residual),
+        scaled: bytes(scaled),
+        out_rows: bytes(out_rows),
+    }
 }
 
 /// Bytes of the tensors, each clamped to `MAX_TENSOR_ELEMENTS`, and whether a type is unknown.
@@ -416,12 +507,18 @@ fn weights(h: &Header) -> (u128, bool) {
     let mut sum = 0u128;
     let mut unknown = false;
     for t in &h.tensors {
-        match ggml_type(t.ggml_type) {
-            Some(ty) => sum += u128::from(ty.bytes(t.elements().min(MAX_TENSOR_ELEMENTS))),
+        match tensor_bytes(t) {
+            Some(b) => sum += u128::from(b),
             None => unknown = true,
         }
     }
     (sum, unknown)
+}
+
+/// Bytes of one tensor, its elements clamped to `MAX_TENSOR_ELEMENTS`; None for a type this
+/// build of the table does not know.
+pub(crate) fn tensor_bytes(t: &TensorInfo) -> Option<u64> {
+    ggml_type(t.ggml_type).map(|ty| ty.bytes(t.elements().min(MAX_TENSOR_ELEMENTS)))
 }
 
 /// f32 elements of one recurrent layer's state for one sequence (R + S).
@@ -453,7 +550,8 @@ fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
     }
 }
 
-fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128) {
+/// The estimate of a header without shapes: no KV, and a rough compute buffer.
+fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
     let compute = 512 << 20;
     let margin = weights / 10;
     let fixed = u128::from(engine::FIXED);
@@ -483,5 +581,19 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> (Estimate, u128
             human_bytes(engine::FIXED)
         ),
     };
-    (e, total)
+    Parts {
+        activations: e.compute,
+        estimate: e,
+        unclamped: total,
+        kv: Vec::new(),
+        recurrent: Vec::new(),
+        logits: 0,
+        masks: 0,
+        mask_full: 0,
+        mask_window: 0,
+        mask_layers: Vec::new(),
+        residual: 0,
+        scaled: 0,
+        out_rows: 0,
+    }
 }

@@ -7,6 +7,7 @@ pub mod header;
 pub mod hparams;
 pub mod inspect;
 pub mod memory;
+pub mod offload;
 pub mod support;
 
 use bounds::{MAX_HEADER, MAX_TENSORS};

@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod check;
 pub mod env;
 pub mod mirror;
+pub mod offloaded;
 pub mod outcome;
 pub mod place;
 pub mod reasons;
@@ -126,8 +127,18 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> R
     if let Some(r) = status.resolved.as_mut() {
         r.served_name = served_name_of(&ms.spec);
     }
-    decide(&outcomes, ms.spec.replicas)
+    let mut report = decide(&outcomes, ms.spec.replicas);
+    if ms.spec.on_demand.is_some()
+        && let Some(m) = report.on_demand.as_mut()
+    {
+        *m = ON_DEMAND_BY_GATEWAY.to_string();
+    }
+    report
 }
+
+/// The Ready message of an on-demand model at 0 replicas.
+pub const ON_DEMAND_BY_GATEWAY: &str =
+    "replicas is 0: on demand, the gateway loads the model on its first request";
 
 /// Runs one stage so that a panic or a stage that will not end becomes its failed condition.
 pub async fn guarded(stage: Stage, limit: Duration, run: impl Future<Output = Outcome>) -> Outcome {

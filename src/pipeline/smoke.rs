@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use super::catalog::apply::key_of;
 use super::env::Env;
+use super::offloaded;
 use super::outcome::{Failure, Outcome, Progress, Recovery};
 use crate::api::{ModelServe, ModelServeStatus, PlacementStatus, SmokeStatus};
 use crate::names::{secret_name, served_name_of};
@@ -55,6 +56,9 @@ pub enum SmokeFailure {
     },
     #[error("{0}")]
     EngineKeyMissing(String),
+    /// The replica answers, but on fewer GPU layers than the Check stage planned.
+    #[error("{pod} answers, but {why}")]
+    OffloadBelowPlan { pod: String, why: String },
 }
 
 impl Failure for SmokeFailure {
@@ -83,12 +87,14 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     };
     let served = served_name_of(&ms.spec);
     let asked = request(&served, &spec.prompt, spec.max_tokens);
+    let planned = planned_gpu_layers(ms, status);
     if let Some(done) = &status.smoke
         && done.uid.is_some()
         && done.uid == place.uid
         && done.request.as_deref() == Some(asked.as_str())
     {
-        return Outcome::done(Progress::Answered, summary(done));
+        return offload_verdict(&place, planned, done.gpu_layers)
+            .unwrap_or_else(|| Outcome::done(Progress::Answered, summary(done)));
     }
     let ns = ms.namespace().unwrap_or_else(|| "default".into());
     let key = match engine_key(env, &ns, &secret_name(ms)) {
@@ -108,9 +114,26 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
         Answer::Reply(mut smoke) => {
             smoke.at = Some(Time(env.clock.now()));
             smoke.request = Some(asked);
-            let message = summary(&smoke);
+            let mut message = summary(&smoke);
+            if planned.is_some() {
+                match engine_log(env, &ns, &place.pod).await {
+                    Ok(log) => {
+                        smoke.gpu_layers = match offloaded::seen(&log) {
+                            offloaded::Seen::Layers { done, .. } => Some(done as i32),
+                            offloaded::Seen::NoGpu => Some(0),
+                            offloaded::Seen::Unknown => None,
+                        };
+                    }
+                    Err(e) => {
+                        message = format!(
+                            "{message}; what the engine offloaded is unknown: its log cannot be read ({e})"
+                        )
+                    }
+                }
+            }
+            let verdict = offload_verdict(&place, planned, smoke.gpu_layers);
             status.smoke = Some(smoke);
-            Outcome::done(Progress::Answered, message)
+            verdict.unwrap_or_else(|| Outcome::done(Progress::Answered, message))
         }
         Answer::NotYet(why) => {
             let since = ready_since(env, &ns, &place);
@@ -149,6 +172,55 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
 }
 
 /// What a smoke test asks, as recorded in status.smoke.request.
+/// The GPU layers the Check stage planned, for a model with a GPU accelerator.
+fn planned_gpu_layers(ms: &ModelServe, status: &ModelServeStatus) -> Option<u32> {
+    let gpu = ms
+        .spec
+        .engine
+        .as_ref()
+        .is_some_and(|e| e.accelerator().is_gpu());
+    let planned = status.check.as_ref()?.gpu_layers?;
+    gpu.then_some(planned.max(0) as u32)
+}
+
+/// A failure when the engine offloaded fewer layers than planned.
+fn offload_verdict(
+    place: &PlacementStatus,
+    planned: Option<u32>,
+    seen: Option<i32>,
+) -> Option<Outcome> {
+    let seen = match seen? {
+        0 => offloaded::Seen::NoGpu,
+        n => offloaded::Seen::Layers {
+            done: n.max(0) as u32,
+            of: planned?,
+        },
+    };
+    let why = offloaded::shortfall(planned?, seen)?;
+    Some(Outcome::failed(&SmokeFailure::OffloadBelowPlan {
+        pod: place.pod.clone(),
+        why,
+    }))
+}
+
+/// The server container's log, its first part (where the engine says what it loaded where).
+async fn engine_log(env: &Env, ns: &str, pod: &str) -> Result<String, kube::Error> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(env.client.clone(), ns);
+    let params = kube::api::LogParams {
+        container: Some(crate::names::SERVER_CONTAINER.into()),
+        limit_bytes: Some(offloaded::MAX_LOG),
+        ..Default::default()
+    };
+    tokio::time::timeout(Duration::from_secs(20), pods.logs(pod, &params))
+        .await
+        .unwrap_or_else(|_| {
+            Err(kube::Error::Service(
+                "no log within 20 s".to_string().into(),
+            ))
+        })
+}
+
 pub fn request(served: &str, prompt: &str, max_tokens: i32) -> String {
     crate::units::digest(format!("{served}\n{max_tokens}\n{prompt}").as_bytes())
 }

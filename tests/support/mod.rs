@@ -5,6 +5,7 @@ pub mod engine;
 pub mod fake_hub;
 pub mod models;
 pub mod pod_runner;
+pub mod rpc;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -402,14 +403,35 @@ pub async fn start_mirror_at(registry: &str, addr: &str) -> (String, tempfile::T
     serve_mirror(registry, test_policy(), addr).await
 }
 
+/// A mirror service with the given disk settings (capacity, grace, watermarks).
+pub async fn start_mirror_space(
+    registry: &str,
+    space: modelserve::mirror::space::SpaceArgs,
+) -> (String, tempfile::TempDir) {
+    serve_mirror_space(registry, test_policy(), "127.0.0.1:0", space).await
+}
+
 async fn serve_mirror(
     registry: &str,
     policy: modelserve::mirror::fetch::Policy,
     addr: &str,
 ) -> (String, tempfile::TempDir) {
+    serve_mirror_space(registry, policy, addr, Default::default()).await
+}
+
+async fn serve_mirror_space(
+    registry: &str,
+    policy: modelserve::mirror::fetch::Policy,
+    addr: &str,
+    space: modelserve::mirror::space::SpaceArgs,
+) -> (String, tempfile::TempDir) {
     use modelserve::mirror::{Mirror, router, store::Store};
     let dir = tempfile::tempdir().unwrap();
-    let m = Mirror::new(Store::open(dir.path()).unwrap(), registry, policy).unwrap();
+    let registry = modelserve::hub::RegistryArgs {
+        registry_endpoint: registry.into(),
+        registry_ca_bundle: None,
+    };
+    let m = Mirror::build(Store::open(dir.path()).unwrap(), registry, policy, space).unwrap();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .unwrap_or_else(|e| panic!("the mirror cannot listen on {addr}: {e}"));
@@ -539,20 +561,70 @@ pub struct MirrorProcess {
     registry: String,
     port: u16,
     pub url: String,
+    /// The host it listens on, its authentication flags, and the kubeconfig its TokenReviews go
+    /// through.
+    host: String,
+    auth: Vec<String>,
+    kubeconfig: Option<std::path::PathBuf>,
+    /// Where its log goes (appended across restarts).
+    log: std::path::PathBuf,
 }
 
 impl MirrorProcess {
+    /// A mirror that lets anyone on loopback in (`--auth none`).
     pub fn start(registry: &str) -> MirrorProcess {
+        Self::start_with(
+            registry,
+            vec!["--auth".into(), "none".into()],
+            None,
+            "127.0.0.1",
+        )
+    }
+
+    /// A mirror on `host` that checks every caller's token with the test bed's API server, and
+    /// lets `operator` (NAMESPACE/NAME of a ServiceAccount) ask for downloads.
+    pub fn start_checked_at(
+        tb: &Testbed,
+        registry: &str,
+        operator: &str,
+        host: &str,
+    ) -> MirrorProcess {
+        let auth = vec![
+            "--auth".into(),
+            "kubernetes".into(),
+            "--operator-service-account".into(),
+            operator.into(),
+        ];
+        Self::start_with(registry, auth, Some(tb.kubeconfig.clone()), host)
+    }
+
+    fn start_with(
+        registry: &str,
+        auth: Vec<String>,
+        kubeconfig: Option<std::path::PathBuf>,
+        host: &str,
+    ) -> MirrorProcess {
         let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().with_extension("log");
         let mut m = MirrorProcess {
             child: None,
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             registry: registry.into(),
             port,
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("http://{host}:{port}"),
+            host: host.into(),
+            auth,
+            kubeconfig,
+            log,
         };
         m.restart();
         m
+    }
+
+    /// Everything the mirror has logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Kills the mirror (SIGKILL).
@@ -566,18 +638,26 @@ impl MirrorProcess {
     /// Starts the mirror again on the same port and store, and waits until it answers.
     pub fn restart(&mut self) {
         self.kill();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the mirror's log file");
         let child = Command::new(modelserve_bin())
-            .args(["mirror", "--addr", &format!("127.0.0.1:{}", self.port)])
+            .args(["mirror", "--addr", &format!("{}:{}", self.host, self.port)])
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--registry-endpoint", &self.registry])
+            .args(&self.auth)
+            .envs(self.kubeconfig.iter().map(|k| ("KUBECONFIG", k)))
+            .env("RUST_LOG", "info,modelserve=debug")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(log)
             .spawn()
             .expect("start the mirror");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        while std::net::TcpStream::connect((self.host.as_str(), self.port)).is_err() {
             assert!(Instant::now() < deadline, "the mirror did not start");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -587,5 +667,120 @@ impl MirrorProcess {
 impl Drop for MirrorProcess {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail = log.len().saturating_sub(16 << 10);
+            eprintln!(
+                "the mirror's log, its end:\n{}",
+                log.get(tail..).unwrap_or(&log)
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// `modelserve gateway` as its own process for one namespace (its models and its API-key
+/// Secrets), on loopback ports; killed when dropped.
+pub struct GatewayProcess {
+    child: std::process::Child,
+    pub url: String,
+    pub metrics_url: String,
+    log: tempfile::NamedTempFile,
+}
+
+impl GatewayProcess {
+    pub fn start(tb: &Testbed, namespace: &str, extra: &[&str]) -> GatewayProcess {
+        let (port, metrics) = (free_port(), free_port());
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(modelserve_bin())
+            .args(["gateway", "--addr", &format!("127.0.0.1:{port}")])
+            .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+            .args([
+                "--watch-namespace",
+                namespace,
+                "--keys-namespace",
+                namespace,
+            ])
+            .args(extra)
+            .env("KUBECONFIG", &tb.kubeconfig)
+            .env("RUST_LOG", "info,modelserve=debug")
+            .stdout(std::process::Stdio::null())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .expect("start the gateway");
+        let g = GatewayProcess {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            metrics_url: format!("http://127.0.0.1:{metrics}"),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = http_get_status(&format!("127.0.0.1:{metrics}"), "/readyz") == Some(200);
+            if ready {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the gateway did not become ready: {}",
+                g.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        g
+    }
+
+    /// Everything the gateway has logged.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+
+    /// The sum of the samples of `name` whose labels contain every one of `labels`.
+    pub async fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.metrics_url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .filter(|l| {
+                l.starts_with(name)
+                    && l[name.len()..].starts_with(['{', ' '])
+                    && labels.iter().all(|x| l.contains(x))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail = log.len().saturating_sub(16 << 10);
+            eprintln!(
+                "the gateway's log, its end:\n{}",
+                log.get(tail..).unwrap_or(&log)
+            );
+        }
+    }
+}
+
+/// The status code of a plain HTTP/1.0 GET, without an async runtime.
+pub fn http_get_status(addr: &str, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut head = [0u8; 64];
+    let n = c.read(&mut head).ok()?;
+    std::str::from_utf8(&head[..n])
+        .ok()?
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
 }

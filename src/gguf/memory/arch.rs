@@ -35,6 +35,19 @@ pub(super) const NO_KV: [&str; 14] = [
     "rnd1",
 ];
 
+/// Architectures that scale the token embeddings before the first block (gemma's
+/// sqrt(n_embd)): a copy of the ubatch's embeddings where that block runs.
+pub(super) const SCALED_EMBEDDINGS: [&str; 8] = [
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3n",
+    "gemma4",
+    "gemma-embedding",
+    "afmoe",
+    "minicpm3",
+];
+
 /// Default sliding-window size and pattern period by architecture, when the header has none.
 pub(super) fn swa_defaults(arch: &str) -> Option<(u64, u64)> {
     Some(match arch {

@@ -263,6 +263,12 @@ fn repacked(t: &TensorInfo, tier: Tier, output_copy: bool) -> Option<u64> {
     (rows % multiple == 0).then(|| padded(bytes))
 }
 
+/// Whether the tier repacks this tensor (`output_copy`: it is `token_embd` standing in for the
+/// output of a model with tied embeddings).
+pub(crate) fn is_repacked(t: &TensorInfo, tier: Tier, output_copy: bool) -> bool {
+    tier != Tier::None && repacked(t, tier, output_copy).is_some()
+}
+
 /// Whether a 2-D tensor is a matrix-multiply weight: every `*.weight` but the row-lookup
 /// tables (embeddings), which the engine reads by row and never repacks.
 fn matmul_weight(name: &str) -> bool {

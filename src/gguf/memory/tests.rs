@@ -280,3 +280,89 @@ fn the_checked_estimate_equals_the_estimate_of_a_valid_header() {
         Ok(estimate(&h, &flags(8192, 2)))
     );
 }
+
+/// The compute buffer of a shape the memory benchmark serves, in MiB.
+fn compute_mib(arch: &str, kv: &[(&str, Value)], ctx: u64, parallel: u64) -> f64 {
+    let h = header(arch, kv);
+    estimate(&h, &flags(ctx, parallel)).compute as f64 / f64::from(1u32 << 20)
+}
+
+#[test]
+fn compute_is_within_five_percent_of_what_llama_server_logged_for_real_widths() {
+    let dense = |arch: &str, embd: u32, ff: u32, heads: u32, head_dim: u32| {
+        vec![
+            ("block_count", Value::U32(4)),
+            ("embedding_length", Value::U32(embd)),
+            ("feed_forward_length", Value::U32(ff)),
+            ("attention.head_count", Value::U32(heads)),
+            ("attention.head_count_kv", Value::U32(heads / 2)),
+            ("attention.key_length", Value::U32(head_dim)),
+            ("attention.value_length", Value::U32(head_dim)),
+        ]
+        .into_iter()
+        .chain(if arch == "gemma3" {
+            vec![("attention.sliding_window", Value::U32(1024))]
+        } else {
+            vec![]
+        })
+        .collect::<Vec<_>>()
+    };
+    // (arch, keys, ctx, slots, what b11312's CPU backend logged)
+    let cases = [
+        ("phi3", dense("phi3", 896, 4864, 14, 64), 16384, 4, 37.76),
+        // gemma3 scales its embeddings: one more residual row where block 0 runs.
+        (
+            "gemma3",
+            dense("gemma3", 2304, 9216, 8, 256),
+            16384,
+            4,
+            77.02,
+        ),
+    ];
+    for (arch, kv, ctx, parallel, logged) in cases {
+        let got = compute_mib(arch, &kv, ctx, parallel);
+        assert!(
+            (got / logged - 1.0).abs() <= 0.05,
+            "{arch}: {got:.2} MiB, llama-server logged {logged}"
+        );
+    }
+    // mamba2 at 768 wide: the scan keeps each slot's new state (0.77 MiB a slot).
+    let mamba = [
+        ("block_count", Value::U32(8)),
+        ("embedding_length", Value::U32(768)),
+        ("ssm.conv_kernel", Value::U32(4)),
+        ("ssm.inner_size", Value::U32(1536)),
+        ("ssm.state_size", Value::U32(128)),
+        ("ssm.group_count", Value::U32(1)),
+        ("ssm.time_step_rank", Value::U32(24)),
+    ];
+    for (parallel, logged) in [(1, 22.34), (4, 24.71)] {
+        let got = compute_mib("mamba2", &mamba, 16384, parallel);
+        assert!(
+            (got / logged - 1.0).abs() <= 0.05,
+            "mamba2 x{parallel}: {got:.2} MiB, llama-server logged {logged}"
+        );
+    }
+}
+
+#[test]
+fn logits_do_not_add_to_the_peak_of_the_blocks() {
+    // A 64-wide model with a 262k vocabulary: the logits of 4 slots (4 MiB) come after the
+    // blocks have freed their rows, so the peak is the blocks' and masks', as llama-server
+    // logged (5.9 MiB), not the sum (9.9).
+    let kv = [
+        ("block_count", Value::U32(2)),
+        ("embedding_length", Value::U32(64)),
+        ("feed_forward_length", Value::U32(128)),
+        ("attention.head_count", Value::U32(4)),
+        ("attention.head_count_kv", Value::U32(2)),
+        ("vocab_size", Value::U32(262_144)),
+    ];
+    let got = compute_mib("llama", &kv, 16384, 4);
+    assert!((got - 5.125).abs() < 0.01, "{got}");
+    let outputs_only = compute_mib("llama", &kv, 16384, 64);
+    assert!(
+        outputs_only > 64.0,
+        "64 slots' logits (64 MiB) are the peak: {outputs_only}"
+    );
+}

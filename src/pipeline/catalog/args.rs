@@ -13,6 +13,7 @@ pub fn server_args(
     resolved: &ResolvedStatus,
     build: u32,
     parallel: i32,
+    gpu: &[String],
 ) -> (Vec<String>, Vec<EnvVar>) {
     let first = resolved.files.first().map_or("", |f| f.path.as_str());
     let mut args = vec!["--model".to_string(), format!("{MODELS_DIR}/{first}")];
@@ -71,6 +72,8 @@ pub fn server_args(
         args.push("--api-key".into());
         args.push("$(MODELSERVE_ENGINE_KEY)".into());
     }
+    // The offload the Check stage decided, then the user's own flags, which come last.
+    args.extend(gpu.iter().cloned());
     if let Some(e) = &ms.spec.engine {
         args.extend(e.extra_args.iter().cloned());
     }

@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod args;
+pub mod gpu;
 pub mod objects;
 #[cfg(test)]
 mod testing;
@@ -91,17 +92,25 @@ async fn catalog(
         .clone()
         .ok_or(CatalogFailure::MirrorNotConfigured)?;
     // The build only: the CPU code does not change the objects.
+    let accelerator = ms
+        .spec
+        .engine
+        .as_ref()
+        .map(|e| e.accelerator())
+        .unwrap_or_default();
+    let default_image = env.settings.engine_image_for(accelerator);
     let plan = super::check::plan(
         ms,
-        &env.settings.engine_image,
+        default_image,
         env.settings.engine_build,
         crate::gguf::memory::repack::Tiers::ANY,
     );
     let settings = Settings {
-        engine_image: env.settings.engine_image.clone(),
+        engine_image: default_image.to_string(),
         build: plan.build,
         pull_image: env.settings.pull_image.clone(),
         mirror_url,
+        mirror_audience: env.settings.mirror_audience.clone(),
     };
     let key = apply::engine_key(env, ms).await?;
     let key_digest = crate::units::digest(apply::key_of(&key).unwrap_or_default());

@@ -8,8 +8,8 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, SecurityContext, Service,
+    ServiceAccountTokenProjection, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -18,8 +18,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
 use crate::names::{
-    COMMIT_ANNOTATION, KEY_DIGEST_ANNOTATION, KEY_DIR, MODEL_LABEL, MODELS_DIR, PORT, PORT_NAME,
-    PULL_CONTAINER, SERVER_CONTAINER, SET_ANNOTATION, pod_labels, secret_name,
+    COMMIT_ANNOTATION, KEY_DIGEST_ANNOTATION, KEY_DIR, MIRROR_TOKEN_DIR, MIRROR_TOKEN_FILE,
+    MIRROR_TOKEN_VOLUME, MODEL_LABEL, MODELS_DIR, PORT, PORT_NAME, PULL_CONTAINER,
+    SERVER_CONTAINER, SET_ANNOTATION, pod_labels, secret_name,
 };
 
 /// What the Catalog stage needs from the operator's configuration.
@@ -29,6 +30,8 @@ pub struct Settings {
     pub build: u32,
     pub pull_image: String,
     pub mirror_url: String,
+    /// The audience of the token the init container presents to the mirror.
+    pub mirror_audience: String,
 }
 
 /// The Deployment and Service of a resolved and checked ModelServe.
@@ -68,6 +71,8 @@ pub fn objects(
         resolved.commit.clone(),
         "--dest".into(),
         MODELS_DIR.into(),
+        "--token-file".into(),
+        format!("{MIRROR_TOKEN_DIR}/{MIRROR_TOKEN_FILE}"),
     ];
     for f in &resolved.files {
         pull_args.push("--file".into());
@@ -78,7 +83,10 @@ pub fn objects(
         image: Some(s.pull_image.clone()),
         command: Some(vec!["modelserve".into(), "pull".into()]),
         args: Some(pull_args),
-        volume_mounts: Some(vec![mount("models", MODELS_DIR, false)]),
+        volume_mounts: Some(vec![
+            mount("models", MODELS_DIR, false),
+            mount(MIRROR_TOKEN_VOLUME, MIRROR_TOKEN_DIR, true),
+        ]),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".into(), Quantity("100m".into())),
@@ -95,7 +103,8 @@ pub fn objects(
         ..Default::default()
     };
 
-    let (args, env) = super::args::server_args(ms, resolved, s.build, parallel);
+    let gpu_flags = super::gpu::server_flags(&engine, check, s.build);
+    let (args, env) = super::args::server_args(ms, resolved, s.build, parallel, &gpu_flags);
     let user_request = engine.memory_request().cloned();
     let mut resources = engine.resources.clone().unwrap_or_default();
     // Memory request = limit = the estimate, unless the user set them. A user's request alone
@@ -114,6 +123,8 @@ pub fn objects(
         .get_or_insert_with(Default::default)
         .entry("memory".into())
         .or_insert(request);
+    super::gpu::add_limits(&engine, &mut resources);
+    let tolerations = crate::pipeline::check::gpu::tolerations(&engine);
     let http = |path: &str, period, failures| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -206,11 +217,12 @@ pub fn objects(
                             }),
                             ..Default::default()
                         },
+                        mirror_token(&s.mirror_audience),
                     ]),
                     node_selector: (!engine.node_selector.is_empty())
                         .then(|| engine.node_selector.clone()),
-                    tolerations: (!engine.tolerations.is_empty())
-                        .then(|| engine.tolerations.clone()),
+                    tolerations: (!tolerations.is_empty()).then_some(tolerations),
+                    affinity: super::gpu::affinity(&engine, check),
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     ..Default::default()
@@ -253,6 +265,27 @@ pub fn stamped<K: kube::Resource + serde::Serialize>(mut object: K) -> Result<K,
     Ok(object)
 }
 
+/// The init container's token for the mirror: the pod's ServiceAccount, for the mirror's
+/// audience only, rotated by the kubelet. The pod mounts no other token. No mode is set: as
+/// both containers run as one user, the kubelet makes the file that user's, mode 0600.
+fn mirror_token(audience: &str) -> Volume {
+    Volume {
+        name: MIRROR_TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(vec![VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    audience: Some(audience.into()),
+                    expiration_seconds: Some(3600),
+                    path: MIRROR_TOKEN_FILE.into(),
+                }),
+                ..Default::default()
+            }]),
+            default_mode: None,
+        }),
+        ..Default::default()
+    }
+}
+
 fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: volume.into(),
@@ -264,9 +297,15 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// What the `restricted` Pod Security level asks of a container, and a read-only root: both
+/// containers write only to their volumes.
 fn restricted() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
+        seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
         read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
         run_as_user: Some(65532),
@@ -287,6 +326,81 @@ pub fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
 mod tests {
     use super::super::testing::*;
     use super::*;
+
+    #[test]
+    fn every_container_of_a_replica_meets_the_restricted_pod_security_level() {
+        let ms = model(serde_json::json!({"repo": "o/Tiny-GGUF"}));
+        let r = resolved(&[("tiny-Q4_K_M.gguf", 1 << 20)]);
+        let (d, _) = objects(&ms, &r, &checked(64 << 20, 1), &settings(10587), "kd").unwrap();
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        let all: Vec<_> = pod
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&pod.containers)
+            .collect();
+        assert_eq!(all.len(), 2);
+        for c in all {
+            let sc = c.security_context.as_ref().expect("securityContext");
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+            assert_ne!(sc.run_as_user, Some(0), "{}", c.name);
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+            assert_eq!(
+                sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+                Some("RuntimeDefault"),
+                "{}",
+                c.name
+            );
+            let caps = sc.capabilities.as_ref().expect("capabilities");
+            assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
+            assert_eq!(caps.add, None, "{}", c.name);
+        }
+        // Nothing of the host, no volume types restricted forbids.
+        assert_eq!(pod.host_network, None);
+        assert!(
+            pod.volumes
+                .iter()
+                .flatten()
+                .all(|v| v.empty_dir.is_some() || v.secret.is_some() || v.projected.is_some())
+        );
+    }
+
+    #[test]
+    fn the_init_container_alone_presents_a_token_for_the_mirror_audience() {
+        let ms = model(serde_json::json!({"repo": "o/Tiny-GGUF"}));
+        let r = resolved(&[("tiny-Q4_K_M.gguf", 1 << 20)]);
+        let (d, _) = objects(&ms, &r, &checked(64 << 20, 1), &settings(10587), "kd").unwrap();
+        let pod = pod(&d);
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let token = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == MIRROR_TOKEN_VOLUME)
+            .and_then(|v| v.projected.as_ref())
+            .expect("a projected token volume");
+        let sources = token.sources.as_deref().unwrap_or_default();
+        assert_eq!(sources.len(), 1, "the token and nothing else");
+        let sa = sources[0].service_account_token.as_ref().unwrap();
+        assert_eq!(sa.audience.as_deref(), Some("modelserve-mirror"));
+        let init = &pod.init_containers.as_ref().unwrap()[0];
+        assert_eq!(
+            value_after(init.args.as_ref().unwrap(), "--token-file").as_deref(),
+            Some("/var/run/secrets/modelserve/mirror/token")
+        );
+        let mounts = |c: &Container| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == MIRROR_TOKEN_VOLUME)
+        };
+        assert!(mounts(init));
+        assert!(
+            !mounts(&pod.containers[0]),
+            "the server never sees the token"
+        );
+    }
 
     #[test]
     fn a_sharded_model_loads_from_its_first_shard_and_every_shard_is_pulled() {

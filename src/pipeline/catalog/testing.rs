@@ -48,6 +48,7 @@ pub fn settings(build: u32) -> Settings {
         build,
         pull_image: "modelserve:test".into(),
         mirror_url: "http://mirror:8090".into(),
+        mirror_audience: "modelserve-mirror".into(),
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod cpu;
 pub mod fit;
+pub mod gpu;
 
 use std::time::Duration;
 
@@ -101,6 +102,15 @@ pub struct Plan {
     /// Said in messages when the build is an assumption rather than read from the image tag.
     pub build_note: Option<String>,
     pub flags: Flags,
+    /// With a GPU accelerator: what is asked for, and the GPUs of the nodes it may run on.
+    pub gpu: Option<GpuCheck>,
+}
+
+/// The GPU part of a check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuCheck {
+    pub request: gpu::Request,
+    pub nodes: Vec<gpu::NodeGpus>,
 }
 
 /// The nodes' build and the server flags for `ms`, from the spec and the operator's
@@ -136,6 +146,7 @@ pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>, c
             build,
             cpu,
         },
+        gpu: None,
     }
 }
 
@@ -144,7 +155,7 @@ pub const LATEST_KNOWN_BUILD: u32 = 10587;
 
 /// What status.check.request records for this check.
 pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
-    format!(
+    let base = format!(
         "{}@{} ctx={} parallel={} build=b{} cpu={}",
         r.set,
         r.commit,
@@ -152,7 +163,25 @@ pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
         p.flags.parallel,
         p.build,
         p.flags.cpu.key()
-    )
+    );
+    match &p.gpu {
+        None => base,
+        Some(g) => {
+            // The placement depends on the nodes' GPUs: a change there checks again.
+            let nodes: Vec<String> = g
+                .nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "{}:{}:{:?}:{:?}:{}",
+                        n.node, n.count, n.memory, n.driver_major, n.host_memory
+                    )
+                })
+                .collect();
+            let digest = crate::units::digest(nodes.join(",").as_bytes());
+            format!("{base} {} gpus@{digest}", g.request.key())
+        }
+    }
 }
 
 /// Reads the model's header from the registry and judges its counts, build support and
@@ -170,12 +199,18 @@ pub async fn inspect(
         .await
         .map_err(CheckFailure::Header)?;
     let (split, build, flags) = (paths.len() > 1, p.build, p.flags);
+    let gpus = p.gpu.clone();
     let judged = tokio::task::spawn_blocking(move || {
         let v = gguf::inspect::judge(&header, split, build, &flags);
-        (header, v)
+        // The placement only for a model the build loads and whose counts are in bounds.
+        let placed = match (&v, &gpus) {
+            (Ok(_), Some(g)) => Some(gpu::plan(&header, &flags, &g.nodes, &g.request)),
+            _ => None,
+        };
+        (header, v, placed)
     })
     .await;
-    let (header, verdict) = match judged {
+    let (header, verdict, placed) = match judged {
         Ok(j) => j,
         Err(e) => match e.try_into_panic() {
             Ok(panic) => std::panic::resume_unwind(panic),
@@ -197,7 +232,7 @@ pub async fn inspect(
                 .unwrap_or_default(),
         },
     })?;
-    Ok(CheckStatus {
+    let mut status = CheckStatus {
         request: Some(request(r, p)),
         architecture: header.architecture().map(String::from),
         engine_build: Some(format!("b{}", p.build)),
@@ -207,7 +242,36 @@ pub async fn inspect(
         memory: Some(gi_quantity(e.total)),
         kv_bytes_per_token: Some(i64::try_from(e.kv_bytes_per_token).unwrap_or(i64::MAX)),
         basis: Some(e.basis.clone()),
-    })
+        ..Default::default()
+    };
+    match placed {
+        None => {}
+        Some(Err(why)) => {
+            return Err(CheckFailure::NoNodeFits {
+                why,
+                summary: format!(
+                    "{} loads from b{first} (nodes run b{})",
+                    status.architecture.as_deref().unwrap_or("the model"),
+                    p.build
+                ),
+            });
+        }
+        Some(Ok(plan)) => {
+            // The GPUs hold their part; the pod's memory request is the host's alone.
+            let host = plan.placement.host.total;
+            let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            status.memory_bytes = Some(i(host));
+            status.memory = Some(gi_quantity(host));
+            status.gpu_layers = Some(plan.placement.ngl as i32);
+            status.layers = Some(plan.placement.n_layer as i32 + 1);
+            status.tensor_split =
+                (plan.placement.devices.len() > 1).then(|| plan.placement.tensor_split_arg());
+            status.gpu_memory_bytes = Some(i(plan.memory));
+            status.devices = plan.devices();
+            status.basis = Some(plan.message.clone());
+        }
+    }
+    Ok(status)
 }
 
 fn with_note(message: String, p: &Plan) -> String {
@@ -246,15 +310,25 @@ pub async fn run(
 ) -> Outcome {
     let engine = ms.spec.engine.clone().unwrap_or_default();
     let nodes = env.cache.nodes();
-    let candidates = fit::candidates(&nodes, &engine.node_selector, &engine.tolerations);
+    let tolerations = gpu::tolerations(&engine);
+    let candidates = fit::candidates(&nodes, &engine.node_selector, &tolerations);
     // The pod may land on any candidate: the estimate counts the largest repack among them.
     let cpu = cpu::union(candidates.iter().map(|c| &c.cpu)).capped(env.settings.engine_cpu);
-    let p = plan(
-        ms,
-        &env.settings.engine_image,
-        env.settings.engine_build,
-        cpu,
-    );
+    let default_image = env.settings.engine_image_for(engine.accelerator());
+    let mut p = plan(ms, default_image, env.settings.engine_build, cpu);
+    let image = engine.image.as_deref().unwrap_or(default_image);
+    match gpu::Request::of(&engine, image, env.settings.gpu_headroom) {
+        Ok(None) => {}
+        Ok(Some(request)) => {
+            let names: Vec<String> = candidates.iter().map(|c| c.name.clone()).collect();
+            let nodes = gpu::node_gpus(&nodes, &names, &request);
+            p.gpu = Some(GpuCheck { request, nodes });
+        }
+        Err(why) => {
+            *check = None;
+            return Outcome::failed(&CheckFailure::InvalidResources(why));
+        }
+    }
     let inspection = request(resolved, &p);
     let full = full_request(&inspection, ms);
     // A check that passed for this very request holds: nothing it depends on has changed.
@@ -321,6 +395,26 @@ fn judge(
     // The scheduler places a replica by the memory its pod requests: the user's, when set.
     let (asked, asked_note) =
         fit::requested(engine, needed).map_err(CheckFailure::InvalidResources)?;
+    // With GPUs, the host part must fit on a node whose GPUs take the rest.
+    let gpu_nodes: Vec<fit::Candidate>;
+    let candidates = match (&p.gpu, status.gpu_memory_bytes) {
+        (Some(g), Some(memory)) => {
+            let memory = memory.max(0) as u64;
+            gpu_nodes = candidates
+                .iter()
+                .filter(|c| {
+                    g.nodes.iter().any(|n| {
+                        n.node == c.name
+                            && n.count >= g.request.gpus
+                            && n.memory.is_some_and(|m| m >= memory)
+                    })
+                })
+                .cloned()
+                .collect();
+            &gpu_nodes
+        }
+        _ => candidates,
+    };
     let verdict = fit::fit(asked, candidates);
     let mut summary = format!(
         "{} loads from {} (nodes run {}); {}",

@@ -1,0 +1,444 @@
+//! The model's parts by layer and the engine's placement of them: which device each tensor,
+//! KV cache and recurrent state is on (`device_of`, after `get_layer_buft_list`), and the
+//! compute buffers each device reserves (`Model::compute`).
+
+use std::ops::Range;
+
+use super::{Backend, DeviceShare, HostShare, Placement};
+use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
+use crate::gguf::header::{Header, TensorInfo};
+use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
+
+/// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
+/// (`GGML_SCHED_MAX_COPIES`).
+const PIPELINE_COPIES: u128 = 4;
+/// The CUDA backend takes over a matrix multiply whose weight is in host memory from this many
+/// tokens on (`GGML_OP_OFFLOAD_MIN_BATCH`, `ggml_backend_cuda_device_offload_op`).
+const OP_OFFLOAD_MIN_BATCH: u64 = 32;
+/// Tensors of the input layer (`LLM_TENSOR_LAYER_INPUT`): always in host memory.
+const INPUT: [&str; 6] = [
+    "token_embd",
+    "position_embd",
+    "token_types",
+    "per_layer_token_embd",
+    "masked_embd_centroids",
+    "masked_embd_ordering",
+];
+/// Tensors of the output layer (`LLM_TENSOR_LAYER_OUTPUT`) besides `output*`.
+const OUTPUT: [&str; 16] = [
+    "cls",
+    "dense_2",
+    "dense_3",
+    "dec.output_norm",
+    "enc.output_norm",
+    "altup_proj",
+    "altup_unembd_proj",
+    "nextn.post_projection",
+    "fc",
+    "d2t",
+    "markov_w1",
+    "markov_w2",
+    "conf_proj",
+    "selector_predecessor",
+    "selector_successor",
+    "selector_hidden",
+];
+
+/// Where a tensor lives.
+enum Home {
+    Input,
+    Layer(usize),
+    Output,
+}
+
+/// The layer a tensor belongs to, by name: `blk.N.` (also under `enc.`/`dec.`), the input and
+/// output tensors, and the few repeating tensors without a number (`rope_freqs`,
+/// `token_embd_norm`), which the engine creates with layer 0.
+fn home(name: &str, n_layer: usize) -> Home {
+    let first = name.split('.').next().unwrap_or_default();
+    let inner = name
+        .strip_prefix("enc.")
+        .or_else(|| name.strip_prefix("dec."))
+        .unwrap_or(name);
+    if let Some(rest) = inner.strip_prefix("blk.") {
+        return match rest.split('.').next().and_then(|n| n.parse::<usize>().ok()) {
+            Some(il) if il < n_layer => Home::Layer(il),
+            // A block the model does not have: the engine refuses the file; count it on the host.
+            _ => Home::Input,
+        };
+    }
+    if INPUT.contains(&first) {
+        Home::Input
+    } else if first.starts_with("output") || OUTPUT.iter().any(|o| name.starts_with(o)) {
+        Home::Output
+    } else if n_layer > 0 {
+        Home::Layer(0)
+    } else {
+        Home::Input
+    }
+}
+
+/// The model's parts by layer, computed once for any number of placements.
+pub(super) struct Model {
+    pub(super) n_layer: u32,
+    /// Weights of each block, and its largest tensor.
+    weights: Vec<u64>,
+    largest: Vec<u64>,
+    /// Weights of the input layer (and of blocks the model does not have).
+    input: u64,
+    output: u64,
+    output_largest: u64,
+    /// `token_embd`'s bytes when it doubles as the output (no `output.weight`), else 0.
+    tied: u64,
+    parts: Parts,
+    /// The settings as `memory` bounds them.
+    ubatch: u64,
+    parallel: u64,
+    cpu: repack::Tiers,
+    backend: Backend,
+}
+
+impl Model {
+    pub(super) fn new(h: &Header, f: &Flags, backend: Backend) -> Model {
+        let parts = memory::parts(h, f);
+        // `parts` has one entry per block (at most MAX_LAYERS), none in the fallback.
+        let n = parts.kv.len();
+        let mut m = Model {
+            n_layer: u32::try_from(n).unwrap_or(0),
+            weights: vec![0; n],
+            largest: vec![0; n],
+            input: 0,
+            output: 0,
+            output_largest: 0,
+            tied: 0,
+            parts,
+            ubatch: f.ubatch.min(MAX_UBATCH),
+            parallel: f.parallel.clamp(1, MAX_SLOTS),
+            cpu: f.cpu,
+            backend,
+        };
+        let has_output = h.tensors.iter().any(|t| t.name == "output.weight");
+        for t in &h.tensors {
+            let b = memory::tensor_bytes(t).unwrap_or(0);
+            match home(&t.name, n) {
+                Home::Input => {
+                    m.input = m.input.saturating_add(b);
+                    if !has_output && t.name == "token_embd.weight" {
+                        m.tied = b;
+                    }
+                }
+                Home::Output => {
+                    m.output = m.output.saturating_add(b);
+                    m.output_largest = m.output_largest.max(b);
+                }
+                Home::Layer(il) => {
+                    m.weights[il] = m.weights[il].saturating_add(b);
+                    m.largest[il] = m.largest[il].max(b);
+                }
+            }
+        }
+        m.output_largest = m.output_largest.max(m.tied);
+        m
+    }
+
+    /// The GPU of layer `il` (the output layer is `n_layer`), as `get_layer_buft_list` picks
+    /// it; None: the host.
+    fn device_of(&self, il: u32, ngl: u32, cumulative: &[f32]) -> Option<usize> {
+        let all = i64::from(self.n_layer) + 1;
+        let start = (all - i64::from(ngl)).max(0);
+        let active = i64::from(ngl).min(all);
+        let k = i64::from(il) - start;
+        if cumulative.is_empty() || k < 0 || k >= active {
+            return None;
+        }
+        let at = k as f32 / active as f32;
+        let gpu = cumulative.partition_point(|p| *p <= at);
+        Some(gpu.min(cumulative.len() - 1))
+    }
+
+    /// The shares of `gpus` GPUs and of the host, but the host's repack and total (which need
+    /// the header): cheap enough to try many `ngl`s. The GPUs with a share in `cumulative` take
+    /// layers; none does when it is empty.
+    pub(super) fn shares(&self, ngl: u32, gpus: usize, cumulative: &[f32]) -> Shares {
+        let mut devices = vec![DeviceShare::default(); gpus];
+        // The masks each GPU's layers read (full, window): a split's inputs go where it runs.
+        let mut masks = vec![(false, false); gpus];
+        let mut host = HostShare {
+            weights: self.input,
+            ..HostShare::default()
+        };
+        let (mut host_largest, mut host_blocks, mut output_copy) = (0u64, false, 0u64);
+        for il in 0..self.n_layer {
+            let i = il as usize;
+            let at = |v: &[u64]| v.get(i).copied().unwrap_or(0);
+            let (w, kv, rec) = (
+                self.weights[i],
+                at(&self.parts.kv),
+                at(&self.parts.recurrent),
+            );
+            let gpu = self.device_of(il, ngl, cumulative).filter(|d| *d < gpus);
+            if let Some(d) = gpu {
+                match self.parts.mask_layers.get(i) {
+                    Some(Mask::Full) => masks[d].0 = true,
+                    Some(Mask::Window) => masks[d].1 = true,
+                    _ => {}
+                }
+            }
+            match gpu.and_then(|d| devices.get_mut(d)) {
+                Some(s) => {
+                    s.layers = extend(&s.layers, il);
+                    s.weights = s.weights.saturating_add(w);
+                    s.kv = s.kv.saturating_add(kv);
+                    s.recurrent = s.recurrent.saturating_add(rec);
+                }
+                None => {
+                    host.layers = extend(&host.layers, il);
+                    host.weights = host.weights.saturating_add(w);
+                    host.kv = host.kv.saturating_add(kv);
+                    host.recurrent = host.recurrent.saturating_add(rec);
+                    host_largest = host_largest.max(self.largest[i]);
+                    host_blocks = true;
+                }
+            }
+        }
+        match self
+            .device_of(self.n_layer, ngl, cumulative)
+            .and_then(|d| devices.get_mut(d))
+        {
+            Some(s) => {
+                s.output = true;
+                output_copy = self.tied;
+                s.weights = s
+                    .weights
+                    .saturating_add(self.output)
+                    .saturating_add(self.tied);
+            }
+            None => {
+                host.output = true;
+                host.weights = host.weights.saturating_add(self.output);
+                host_largest = host_largest.max(self.output_largest);
+            }
+        }
+        let full = !host_blocks && !host.output;
+        self.compute(&mut devices, &masks, &mut host, full, host_largest);
+        for s in &mut devices {
+            s.total = [s.weights, s.kv, s.recurrent, s.compute]
+                .iter()
+                .fold(0u64, |a, b| a.saturating_add(*b));
+        }
+        let e = &self.parts.estimate;
+        host.checkpoints = e.checkpoints;
+        host.output_buffer = e.engine.output;
+        host.overhead = e.overhead.saturating_sub(e.engine.output);
+        (devices, host, output_copy)
+    }
+
+    /// The compute buffers, after the scheduler (`ggml_backend_sched`) that reserves them for
+    /// the worst-case graph of one ubatch (`llama_context::sched_reserve`), as llama-server
+    /// logged them over llama.cpp's RPC backend. The allocator reuses memory from layer to
+    /// layer, so a device that runs any block needs one layer's peak (`memory`'s activations),
+    /// however many it holds, less the embeddings input that only the host has, plus the masks
+    /// its layers read (and the scaled embeddings where the first block runs); the logits are
+    /// where the output layer is, after the blocks have freed theirs. Besides:
+    /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
+    ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
+    ///   of its own it runs them as the CPU alone does (`memory`'s compute);
+    /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
+    ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs: the residual and
+    ///   the masks;
+    /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
+    ///   in host memory run on the first GPU (`ggml_backend_sched_backend_id_from_cur`,
+    ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
+    ///   counted once), and the host runs only the token-by-token graph of its layers.
+    ///
+    /// Without GPUs it is `memory`'s compute figure.
+    fn compute(
+        &self,
+        devices: &mut [DeviceShare],
+        masks: &[(bool, bool)],
+        host: &mut HostShare,
+        full: bool,
+        largest: u64,
+    ) {
+        let p = &self.parts;
+        if devices.is_empty() {
+            host.compute = p.estimate.compute;
+            return;
+        }
+        let (residual, logits) = (u128::from(p.residual), u128::from(p.logits));
+        let mask = |(full, window): (bool, bool)| {
+            u128::from(if full { p.mask_full } else { 0 })
+                + u128::from(if window { p.mask_window } else { 0 })
+        };
+        let all_masks = u128::from(p.masks);
+        let block = u128::from(p.activations).saturating_sub(residual);
+        let first = |s: &DeviceShare| s.layers.start == 0 && !s.layers.is_empty();
+        let op_offload = self.backend.op_offload && !full && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
+        let pipeline = full && devices.len() > 1;
+        let copies = if pipeline { PIPELINE_COPIES - 1 } else { 0 };
+        for (d, s) in devices.iter_mut().enumerate() {
+            let m = mask(masks.get(d).copied().unwrap_or_default());
+            let blocks = !s.layers.is_empty();
+            let mut c = if blocks { block + m } else { 0 };
+            if first(s) {
+                c += u128::from(p.scaled);
+            }
+            if s.output {
+                // The output layer's rows: the last block's output where blocks run here.
+                let rows = if blocks { residual } else { 0 };
+                c = c.max(logits + rows + 2 * u128::from(p.out_rows));
+            }
+            if blocks || s.output {
+                c += copies * (residual + m);
+            }
+            if d == 0 && op_offload {
+                c = c.max(block + all_masks + u128::from(p.scaled)) + u128::from(largest);
+                if host.output {
+                    c += logits;
+                }
+            }
+            s.compute = clamp(c);
+        }
+        let inputs = 2 * residual + all_masks;
+        host.compute = if full {
+            clamp(inputs + copies * (residual + all_masks))
+        } else if !op_offload {
+            p.estimate.compute
+        } else {
+            // The token-by-token graph (one token per slot, under the op-offload batch) stays
+            // here, with its logits when the output layer does.
+            let tokens = u128::from(self.parallel.min(self.ubatch));
+            let mut c = inputs
+                + u128::from(p.activations)
+                    .checked_div(u128::from(self.ubatch))
+                    .unwrap_or(0)
+                    * tokens;
+            if host.output {
+                c += u128::from(p.estimate.engine.output);
+            }
+            clamp(c)
+        };
+    }
+
+    /// The whole placement: the shares, the host's repack and its total.
+    pub(super) fn placement(
+        &self,
+        ngl: u32,
+        split: &[f64],
+        cumulative: &[f32],
+        h: &Header,
+    ) -> Placement {
+        let (devices, mut host, output_copy) = self.shares(ngl, split.len(), cumulative);
+        let (repack, tier) = self.host_repack(h, &devices, &host);
+        host.repack = repack;
+        host.mapped = match tier {
+            Some(tier) => self.host_mapped(h, &host, tier),
+            None => host.weights,
+        };
+        let parts = [
+            host.mapped,
+            host.repack,
+            host.kv,
+            host.recurrent,
+            host.checkpoints,
+            host.compute,
+            host.output_buffer,
+            host.overhead,
+        ];
+        let sum: u128 = parts.iter().map(|b| u128::from(*b)).sum();
+        host.total = clamp(sum.div_ceil(1 << 20) << 20);
+        let on_gpus: u32 = devices.iter().map(|d| d.layers.len() as u32).sum();
+        Placement {
+            ngl: on_gpus + u32::from(devices.iter().any(|d| d.output)),
+            n_layer: self.n_layer,
+            split: split.to_vec(),
+            devices,
+            host,
+            output_copy,
+            fallback: self.parts.estimate.fallback,
+        }
+    }
+
+    /// Whether the host holds tensors of layer `home`.
+    fn on_host(home: &Home, host: &HostShare) -> bool {
+        match home {
+            Home::Input => true,
+            Home::Output => host.output,
+            Home::Layer(il) => host.layers.contains(&(*il as u32)),
+        }
+    }
+
+    /// The repack of the tensors left in host memory (the engine repacks only CPU buffers),
+    /// and its tier; no tier when no GPU holds anything (then it is `memory`'s).
+    fn host_repack(
+        &self,
+        h: &Header,
+        devices: &[DeviceShare],
+        host: &HostShare,
+    ) -> (u64, Option<repack::Tier>) {
+        if devices.iter().all(|d| d.layers.is_empty() && !d.output) {
+            return (self.parts.estimate.repack, None);
+        }
+        let n = self.n_layer as usize;
+        let mut tensors: Vec<TensorInfo> = h
+            .tensors
+            .iter()
+            .filter(|t| Self::on_host(&home(&t.name, n), host))
+            .cloned()
+            .collect();
+        if !host.output {
+            // The output is on a GPU: an empty stand-in keeps `repack` from taking the host's
+            // token_embd for the CPU's output copy of tied embeddings.
+            tensors.push(TensorInfo {
+                name: "output.weight".into(),
+                dims: vec![0],
+                ggml_type: 0,
+                offset: 0,
+            });
+        }
+        let host_only = Header {
+            version: h.version,
+            metadata: Default::default(),
+            tensors,
+            alignment: h.alignment,
+            data_offset: h.data_offset,
+        };
+        let (bytes, tier, _) = repack::largest(&host_only, self.cpu);
+        (bytes, Some(tier))
+    }
+
+    /// The file range the engine maps for the host's weights (`CPU_Mapped`): from the first to
+    /// the last host tensor it does not repack. The loader reads the GPUs' tensors through the
+    /// same mapping and unmaps only what lies outside that range, so the GPUs' tensors between
+    /// the host's stay resident with them.
+    fn host_mapped(&self, h: &Header, host: &HostShare, tier: repack::Tier) -> u64 {
+        let n = self.n_layer as usize;
+        let (mut first, mut last) = (u64::MAX, 0u64);
+        for t in &h.tensors {
+            if !Self::on_host(&home(&t.name, n), host) || repack::is_repacked(t, tier, false) {
+                continue;
+            }
+            let bytes = memory::tensor_bytes(t).unwrap_or(0);
+            first = first.min(t.offset);
+            last = last.max(t.offset.saturating_add(bytes));
+        }
+        last.saturating_sub(first)
+    }
+}
+
+/// The GPUs' shares, the host's, and the bytes of the tied output's copy on a GPU.
+pub(super) type Shares = (Vec<DeviceShare>, HostShare, u64);
+
+/// `r` grown to hold `il`, the layers coming in order.
+fn extend(r: &Range<u32>, il: u32) -> Range<u32> {
+    if r.is_empty() {
+        il..il + 1
+    } else {
+        r.start..il + 1
+    }
+}
+
+/// A byte count within `u64`.
+fn clamp(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}

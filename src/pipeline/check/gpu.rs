@@ -1,0 +1,580 @@
+//! GPUs in the Check stage. What the nodes have, read from the API: allocatable GPUs of the
+//! resource, each GPU's memory and model from GPU Feature Discovery's labels (AMD's node
+//! labeller for ROCm), and the CUDA driver's major version. Then the placement a replica runs
+//! with, by llama.cpp's own rules (`gguf::offload`): on the smallest GPUs that hold the whole
+//! model with the headroom, else on the GPUs that hold the most layers, the rest in host RAM.
+//! Replicas then go only to nodes whose GPUs are at least that large (node affinity on the
+//! memory label), so the plan holds wherever the scheduler puts them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+
+use crate::api::{Accelerator, DeviceStatus, EngineSpec, SplitMode};
+use crate::gguf::header::Header;
+use crate::gguf::memory::Flags;
+use crate::gguf::offload::{self, Decision, Device, Placement};
+use crate::units::{human_bytes, parse_quantity};
+
+/// GPU Feature Discovery's labels: memory of one GPU in MiB, its model, the driver's CUDA major.
+pub const NVIDIA_MEMORY: &str = "nvidia.com/gpu.memory";
+pub const NVIDIA_PRODUCT: &str = "nvidia.com/gpu.product";
+pub const NVIDIA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
+/// AMD's node labeller: memory of one GPU, such as 16G or 191G.
+pub const AMD_VRAM: &str = "amd.com/gpu.vram";
+pub const AMD_PRODUCT: &str = "amd.com/gpu.product-name";
+
+/// What the GPU part of a check is for, from the spec and the operator's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub accelerator: Accelerator,
+    pub gpus: u32,
+    pub resource: String,
+    /// engine.gpuLayers: the -ngl to run with instead of the computed one.
+    pub layers: Option<u32>,
+    pub split_mode: SplitMode,
+    /// engine.gpuMemory: each GPU's memory, in place of what the labels say.
+    pub memory: Option<u64>,
+    /// Headroom kept free on each GPU (llama.cpp's --fit-target).
+    pub margin: u64,
+    /// The CUDA major of the engine image, when it says (server-cuda is 12, server-cuda13 13).
+    pub cuda_major: Option<u32>,
+}
+
+impl Request {
+    /// The request of `engine`, None on cpu; an error names a spec field that is wrong.
+    pub fn of(engine: &EngineSpec, image: &str, margin: u64) -> Result<Option<Request>, String> {
+        let accelerator = engine.accelerator();
+        if !accelerator.is_gpu() {
+            return Ok(None);
+        }
+        let memory = match &engine.gpu_memory {
+            None => None,
+            Some(q) => Some(parse_quantity(q).filter(|m| *m > 0).ok_or_else(|| {
+                format!("engine.gpuMemory {q:?} is not a memory size such as 24Gi or 81559Mi")
+            })?),
+        };
+        Ok(Some(Request {
+            accelerator,
+            gpus: engine.gpus().max(1),
+            resource: engine.gpu_resource().unwrap_or_default(),
+            layers: engine.gpu_layers.map(|n| n.max(0) as u32),
+            split_mode: engine.split_mode.unwrap_or_default(),
+            memory,
+            margin,
+            cuda_major: cuda_major_of_image(image),
+        }))
+    }
+
+    /// What status.check.request records of it.
+    pub fn key(&self) -> String {
+        format!(
+            "{} gpus={} resource={} ngl={} split={} memory={} margin={}",
+            self.accelerator.name(),
+            self.gpus,
+            self.resource,
+            self.layers.map_or("auto".into(), |n| n.to_string()),
+            self.split_mode.name(),
+            self.memory.map_or("labels".into(), |m| m.to_string()),
+            self.margin
+        )
+    }
+}
+
+/// The replicas' tolerations: the spec's, and with a GPU accelerator one for the usual taint
+/// of GPU nodes (the resource's name, any value, NoSchedule), which the NVIDIA and AMD device
+/// plugins' guides put on them. The Check stage considers the nodes these tolerate.
+pub fn tolerations(engine: &EngineSpec) -> Vec<k8s_openapi::api::core::v1::Toleration> {
+    let mut all = engine.tolerations.clone();
+    if let Some(resource) = engine
+        .gpu_resource()
+        .filter(|_| engine.accelerator().is_gpu())
+    {
+        let usual = k8s_openapi::api::core::v1::Toleration {
+            key: Some(resource),
+            operator: Some("Exists".into()),
+            effect: Some("NoSchedule".into()),
+            ..Default::default()
+        };
+        if !all.contains(&usual) {
+            all.push(usual);
+        }
+    }
+    all
+}
+
+/// The CUDA major version an official llama.cpp image is built with, from its tag:
+/// `server-cuda-bN` is CUDA 12, `server-cuda13-bN` CUDA 13; None for other images.
+pub fn cuda_major_of_image(image: &str) -> Option<u32> {
+    let image = image.split('@').next().unwrap_or(image);
+    let name = image.rsplit('/').next().unwrap_or(image);
+    let tag = name.rsplit_once(':').map(|(_, t)| t)?;
+    let rest = tag.split('-').find_map(|part| part.strip_prefix("cuda"))?;
+    if rest.is_empty() {
+        Some(12)
+    } else {
+        rest.parse().ok().filter(|v| (9..=99).contains(v))
+    }
+}
+
+/// One node's GPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGpus {
+    pub node: String,
+    /// Allocatable GPUs of the resource.
+    pub count: u32,
+    /// One GPU's memory, from the labels or engine.gpuMemory.
+    pub memory: Option<u64>,
+    /// Whether `memory` came from the node's own label (node affinity can select on it).
+    pub labelled: bool,
+    pub product: Option<String>,
+    pub driver_major: Option<u32>,
+    /// Allocatable host memory.
+    pub host_memory: u64,
+}
+
+/// The GPUs of each node in `names` (the nodes the replicas may land on).
+pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<NodeGpus> {
+    nodes
+        .iter()
+        .filter(|n| names.contains(&n.name_any()))
+        .map(|n| {
+            let labels = n.labels();
+            let allocatable = n.status.as_ref().and_then(|s| s.allocatable.as_ref());
+            let get = |k: &str| {
+                allocatable
+                    .and_then(|a| a.get(k))
+                    .and_then(|q| parse_quantity(&q.0))
+            };
+            let labelled = label_memory(labels);
+            NodeGpus {
+                node: n.name_any(),
+                count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
+                memory: req.memory.or(labelled),
+                labelled: req.memory.is_none() && labelled.is_some(),
+                product: labels
+                    .get(NVIDIA_PRODUCT)
+                    .or_else(|| labels.get(AMD_PRODUCT))
+                    .cloned(),
+                driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
+                host_memory: get("memory").unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+/// One GPU's memory from GFD's label (MiB) or AMD's (a size such as 16G, read as GiB).
+fn label_memory(labels: &BTreeMap<String, String>) -> Option<u64> {
+    if let Some(mib) = labels
+        .get(NVIDIA_MEMORY)
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return mib.checked_mul(1 << 20).filter(|m| *m > 0);
+    }
+    let v = labels.get(AMD_VRAM)?;
+    let v = v
+        .strip_suffix('G')
+        .map(|g| format!("{g}Gi"))
+        .unwrap_or_else(|| v.clone());
+    parse_quantity(&v).filter(|m| *m > 0)
+}
+
+/// The placement a replica runs with, and on which GPUs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub placement: Placement,
+    /// One GPU's memory the placement assumes; every node in `nodes` has at least that.
+    pub memory: u64,
+    /// Whether that figure is a node label (node affinity can require it).
+    pub labelled: bool,
+    pub product: Option<String>,
+    pub nodes: Vec<String>,
+    pub message: String,
+}
+
+impl Plan {
+    /// status.check.devices.
+    pub fn devices(&self) -> Vec<DeviceStatus> {
+        let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.placement
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(index, d)| DeviceStatus {
+                index: index as i32,
+                product: self.product.clone(),
+                layers: layers_text(d.layers.clone(), d.output),
+                weights_bytes: i(d.weights),
+                kv_bytes: i(d.kv.saturating_add(d.recurrent)),
+                compute_bytes: i(d.compute),
+                total_bytes: i(d.total),
+                memory_bytes: i(self.memory),
+            })
+            .collect()
+    }
+}
+
+fn layers_text(r: std::ops::Range<u32>, output: bool) -> String {
+    let blocks = match r.len() {
+        0 => "none".to_string(),
+        1 => r.start.to_string(),
+        _ => format!("{}-{}", r.start, r.end - 1),
+    };
+    if output {
+        format!("{blocks} and the output")
+    } else {
+        blocks
+    }
+}
+
+/// GPUs of one size, as some nodes have them.
+struct Class {
+    memory: u64,
+    labelled: bool,
+    product: Option<String>,
+}
+
+/// Decides the placement over the nodes' GPUs, or says why no node can take the model.
+pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<Plan, String> {
+    let want = req.gpus;
+    let enough: Vec<&NodeGpus> = nodes.iter().filter(|n| n.count >= want).collect();
+    if enough.is_empty() {
+        let most = nodes.iter().max_by_key(|n| n.count);
+        return Err(match most {
+            Some(n) if n.count > 0 => format!(
+                "a replica asks for {want} {} and no node has that many: the most, {}, has {}",
+                req.resource, n.node, n.count
+            ),
+            _ => format!(
+                "a replica asks for {want} {} and no node it may run on has any (allocatable {})",
+                req.resource, req.resource
+            ),
+        });
+    }
+    let driver_ok = |n: &&NodeGpus| match (req.cuda_major, n.driver_major) {
+        (Some(image), Some(node)) => node >= image,
+        _ => true,
+    };
+    let usable: Vec<&NodeGpus> = enough.iter().copied().filter(driver_ok).collect();
+    if usable.is_empty() {
+        let n = enough[0];
+        return Err(format!(
+            "the engine image needs a CUDA {} driver and every node with {want} GPUs has an older one ({} has CUDA {}); use a server-cuda image of the nodes' CUDA major",
+            req.cuda_major.unwrap_or_default(),
+            n.node,
+            n.driver_major.unwrap_or_default()
+        ));
+    }
+    let unknown: Vec<&str> = usable
+        .iter()
+        .filter(|n| n.memory.is_none())
+        .map(|n| n.node.as_str())
+        .collect();
+    let mut classes: Vec<Class> = usable
+        .iter()
+        .filter_map(|n| {
+            n.memory.map(|memory| Class {
+                memory,
+                labelled: n.labelled,
+                product: n.product.clone(),
+            })
+        })
+        .collect();
+    classes.sort_by_key(|c| c.memory);
+    classes.dedup_by_key(|c| c.memory);
+    if classes.is_empty() {
+        return Err(format!(
+            "no node says how much memory its GPUs have ({} have no {NVIDIA_MEMORY} or {AMD_VRAM} label); set engine.gpuMemory to one GPU's memory, such as 24Gi",
+            unknown.join(", ")
+        ));
+    }
+    let split = vec![1.0; want as usize];
+    let mut best: Option<(Decision, &Class, Vec<Device>)> = None;
+    for class in &classes {
+        let name = class.product.clone().unwrap_or_else(|| "GPU".into());
+        let devices: Vec<Device> = (0..want)
+            .map(|_| Device {
+                name: name.clone(),
+                free: class.memory,
+            })
+            .collect();
+        let decision = match req.layers {
+            Some(ngl) => {
+                let placement = offload::place(h, f, ngl, &split).map_err(|e| e.to_string())?;
+                forced(placement, &devices, req.margin)
+            }
+            None => offload::decide(h, f, &devices, req.margin).map_err(|e| e.to_string())?,
+        };
+        let better = match (&best, &decision) {
+            (None, _) => true,
+            (Some((Decision::Full(_), ..)), _) => false,
+            (Some(_), Decision::Full(_)) => true,
+            (Some((old, ..)), Decision::Partial(p)) => {
+                matches!(old, Decision::NoFit { .. }) || p.ngl > old.placement().ngl
+            }
+            (Some(_), Decision::NoFit { .. }) => false,
+        };
+        if better {
+            let full = matches!(decision, Decision::Full(_));
+            best = Some((decision, class, devices));
+            if full {
+                break;
+            }
+        }
+    }
+    let Some((decision, class, devices)) = best else {
+        return Err("no GPU class to place the model on".into());
+    };
+    let message = decision.message(&devices);
+    if let Decision::NoFit { .. } = decision {
+        return Err(format!(
+            "{message}; the largest GPUs the replicas may get have {} each",
+            human_bytes(classes.last().map_or(0, |c| c.memory))
+        ));
+    }
+    let nodes: Vec<String> = usable
+        .iter()
+        .filter(|n| n.memory.is_some_and(|m| m >= class.memory))
+        .map(|n| n.node.clone())
+        .collect();
+    let mut message = message;
+    if !unknown.is_empty() {
+        message = format!(
+            "{message}; nodes whose GPU memory is not labelled are left out ({}): set engine.gpuMemory to count them",
+            unknown.join(", ")
+        );
+    }
+    Ok(Plan {
+        placement: decision.placement().clone(),
+        memory: class.memory,
+        labelled: class.labelled,
+        product: class.product.clone(),
+        nodes,
+        message,
+    })
+}
+
+/// A placement the spec forces (engine.gpuLayers), judged against the GPUs like a decision.
+fn forced(placement: Placement, devices: &[Device], margin: u64) -> Decision {
+    let needs: Vec<offload::Need> = placement
+        .devices
+        .iter()
+        .zip(devices)
+        .map(|(d, dev)| offload::Need {
+            needed: d.total.saturating_add(margin),
+            free: dev.free,
+        })
+        .collect();
+    if needs.iter().any(|n| n.needed > n.free) {
+        Decision::NoFit { placement, needs }
+    } else if placement.full() {
+        Decision::Full(placement)
+    } else {
+        Decision::Partial(placement)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::header::{Value, parse, write};
+    use crate::gguf::memory::repack;
+
+    const GIB: u64 = 1 << 30;
+
+    /// A llama-shaped model of `blocks` blocks of about `block` bytes each (f32).
+    fn model(blocks: u64, block: u64) -> Header {
+        let n_embd = 4096u64;
+        let kv: Vec<(String, Value)> = vec![
+            ("general.architecture".into(), Value::String("llama".into())),
+            ("llama.block_count".into(), Value::U64(blocks)),
+            ("llama.embedding_length".into(), Value::U64(n_embd)),
+            ("llama.vocab_size".into(), Value::U64(32000)),
+            ("llama.attention.head_count".into(), Value::U32(32)),
+            ("llama.attention.head_count_kv".into(), Value::U32(8)),
+        ];
+        let mut t: Vec<(String, Vec<u64>, u32)> = vec![
+            ("token_embd.weight".into(), vec![n_embd, 32000], 1),
+            ("output_norm.weight".into(), vec![n_embd], 0),
+            ("output.weight".into(), vec![n_embd, 32000], 1),
+        ];
+        for il in 0..blocks {
+            t.push((format!("blk.{il}.attn_norm.weight"), vec![n_embd], 0));
+            t.push((
+                format!("blk.{il}.ffn_up.weight"),
+                vec![n_embd, block / 4 / n_embd],
+                0,
+            ));
+        }
+        let kv: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let t: Vec<(&str, &[u64], u32)> = t
+            .iter()
+            .map(|(n, d, ty)| (n.as_str(), d.as_slice(), *ty))
+            .collect();
+        parse(&write::header(&kv, &t), true).unwrap()
+    }
+
+    fn flags() -> Flags {
+        Flags {
+            ctx_size: 4096,
+            parallel: 1,
+            ubatch: 512,
+            build: 10587,
+            cpu: repack::Tiers::one(repack::Tier::None),
+        }
+    }
+
+    fn node(name: &str, count: u32, memory: Option<u64>, driver: Option<u32>) -> NodeGpus {
+        NodeGpus {
+            node: name.into(),
+            count,
+            memory,
+            labelled: memory.is_some(),
+            product: Some("NVIDIA-A10".into()),
+            driver_major: driver,
+            host_memory: 64 * GIB,
+        }
+    }
+
+    fn request(gpus: u32) -> Request {
+        Request {
+            accelerator: Accelerator::Cuda,
+            gpus,
+            resource: "nvidia.com/gpu".into(),
+            layers: None,
+            split_mode: SplitMode::Layer,
+            memory: None,
+            margin: GIB,
+            cuda_major: Some(12),
+        }
+    }
+
+    #[test]
+    fn a_model_that_fits_two_24_gib_gpus_but_not_one_16_gib_gpu_goes_to_the_two() {
+        // 32 blocks of 1.1 GiB: about 35 GiB of weights.
+        let h = model(32, 11 * GIB / 10);
+        let nodes = [
+            node("one-16", 1, Some(16 * GIB), Some(12)),
+            node("two-24", 2, Some(24 * GIB), Some(12)),
+        ];
+        let p = plan(&h, &flags(), &nodes, &request(2)).unwrap();
+        assert!(p.placement.full(), "{}", p.message);
+        assert_eq!(p.nodes, ["two-24"]);
+        assert_eq!(p.memory, 24 * GIB);
+        assert_eq!(p.devices().len(), 2);
+        assert!(
+            p.devices()
+                .iter()
+                .all(|d| d.total_bytes as u64 + GIB <= 24 * GIB)
+        );
+        // One 16 GiB GPU holds only part of it: the most layers that fit, the rest on the host.
+        let one = plan(&h, &flags(), &nodes[..1], &request(1)).unwrap();
+        assert!(!one.placement.full());
+        assert!(one.placement.ngl > 0, "{}", one.message);
+        assert!(one.message.contains("of 33 layers"), "{}", one.message);
+    }
+
+    #[test]
+    fn the_smallest_gpus_that_hold_the_whole_model_are_chosen() {
+        let h = model(32, GIB / 2);
+        let nodes = [
+            node("big", 2, Some(80 * GIB), Some(12)),
+            node("mid", 2, Some(24 * GIB), Some(12)),
+        ];
+        let p = plan(&h, &flags(), &nodes, &request(1)).unwrap();
+        assert!(p.placement.full());
+        assert_eq!(p.memory, 24 * GIB);
+        assert_eq!(
+            p.nodes,
+            ["big", "mid"],
+            "every node with GPUs at least that large"
+        );
+    }
+
+    #[test]
+    fn no_node_fits_says_what_is_missing() {
+        let h = model(8, GIB / 4);
+        let few = [node("one", 1, Some(24 * GIB), Some(12))];
+        let e = plan(&h, &flags(), &few, &request(2)).unwrap_err();
+        assert!(
+            e.contains("asks for 2 nvidia.com/gpu") && e.contains("one, has 1"),
+            "{e}"
+        );
+        let none = [node("cpu", 0, None, None)];
+        assert!(
+            plan(&h, &flags(), &none, &request(1))
+                .unwrap_err()
+                .contains("has any")
+        );
+        let old = [node("old", 1, Some(24 * GIB), Some(11))];
+        let e = plan(&h, &flags(), &old, &request(1)).unwrap_err();
+        assert!(e.contains("CUDA 12 driver") && e.contains("CUDA 11"), "{e}");
+        let unlabelled = [node("bare", 1, None, Some(12))];
+        let e = plan(&h, &flags(), &unlabelled, &request(1)).unwrap_err();
+        assert!(e.contains("engine.gpuMemory") && e.contains("bare"), "{e}");
+    }
+
+    #[test]
+    fn forced_gpu_layers_that_do_not_fit_name_each_gpus_need() {
+        let h = model(32, GIB / 2);
+        let mut r = request(1);
+        r.layers = Some(33);
+        let e = plan(
+            &h,
+            &flags(),
+            &[node("small", 1, Some(8 * GIB), Some(12))],
+            &r,
+        )
+        .unwrap_err();
+        assert!(e.contains("8.0 GiB"), "{e}");
+        r.layers = Some(4);
+        let p = plan(
+            &h,
+            &flags(),
+            &[node("small", 1, Some(8 * GIB), Some(12))],
+            &r,
+        )
+        .unwrap();
+        assert_eq!(p.placement.ngl, 4);
+    }
+
+    #[test]
+    fn the_cuda_major_comes_from_the_official_tags() {
+        assert_eq!(
+            cuda_major_of_image("ghcr.io/ggml-org/llama.cpp:server-cuda-b6500"),
+            Some(12)
+        );
+        assert_eq!(
+            cuda_major_of_image("ghcr.io/ggml-org/llama.cpp:server-cuda13-b7000"),
+            Some(13)
+        );
+        assert_eq!(
+            cuda_major_of_image("ghcr.io/ggml-org/llama.cpp:server-b6500"),
+            None
+        );
+        assert_eq!(
+            cuda_major_of_image("ghcr.io/ggml-org/llama.cpp:server-rocm-b6500"),
+            None
+        );
+        assert_eq!(cuda_major_of_image("x/cuda:latest"), None);
+    }
+
+    #[test]
+    fn gpu_memory_is_read_from_gfd_in_mib_and_from_amd_in_gib() {
+        let l = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
+        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "23028")), Some(23028 << 20));
+        assert_eq!(label_memory(&l(AMD_VRAM, "16G")), Some(16 << 30));
+        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "lots")), None);
+        assert_eq!(label_memory(&BTreeMap::new()), None);
+    }
+
+    #[test]
+    fn layer_ranges_read_like_a_person_writes_them() {
+        assert_eq!(layers_text(0..16, false), "0-15");
+        assert_eq!(layers_text(16..32, true), "16-31 and the output");
+        assert_eq!(layers_text(5..6, false), "5");
+        assert_eq!(layers_text(3..3, true), "none and the output");
+    }
+}

@@ -1,0 +1,699 @@
+//! The offload placement and decision (`gguf::offload`) against the real engine, on CPU:
+//! llama.cpp's RPC backend makes each rpc-server process a device for `llama-server --rpc`, so
+//! the engine lays a model out over devices as it does over GPUs and logs each device's
+//! buffers (all built by testbed/build-llama-tool.sh).
+//!
+//! For the eight generated families and the quantized models of the memory benchmark, in three
+//! settings (every layer on one device; every layer on two devices split 1:3; part of the
+//! layers on two devices, the first blocks on the host), each device's weights, KV cache and
+//! recurrent state must equal the engine's figures, its compute buffer be within 5% of the
+//! engine's, and the host part cover llama-server's peak RSS (`the_host_part`). And for device
+//! sizes emulated with per-device `--fit-target` margins, `decide_on` must offload the layers
+//! llama-fit-params picks.
+//!
+//! `cargo test --test offload_engine -- --nocapture` prints both tables.
+//!
+//! The host part over RPC: the devices' buffers live in the rpc-server processes, so
+//! llama-server's resident set is what the placement keeps in host memory: the model file's
+//! range mapped for the host's weights (with the devices' tensors that lie between them), the
+//! repack, the KV cache and state of host layers, checkpoints, the host's compute and output
+//! buffers, and the engine's own memory. Its peak is measured from the end of the load through
+//! a load that fills a ubatch (and a checkpoint's window) in every slot: while loading, the
+//! RPC client copies each device tensor into a message before sending it (a transient that
+//! GPUs do not have: CUDA copies from the mapped file), and the file pages of device tensors
+//! outside the host's mapped range are read once and unmapped.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use modelserve::gguf::header::{Header, Value};
+use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
+use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
+use modelserve::gguf::{FileSource, read_header};
+use support::engine::Server;
+use support::models::quantized;
+use support::rpc::{
+    Buffers, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
+};
+use support::testbed_script_with;
+
+const MIB: u64 = 1 << 20;
+const UBATCH: u64 = 512;
+const CTX: u64 = 8192;
+const PARALLEL: u64 = 2;
+/// The llama.cpp the sdist vendors (testbed/versions.env).
+const BUILD: u32 = 11312;
+/// Compute buffers within this share of the engine's.
+const COMPUTE: f64 = 0.05;
+/// The host part at most this many times the peak RSS, for models of 1 GiB and more (the goal
+/// of tests/quantized_memory.rs).
+const OVER_LARGE: f64 = 1.10;
+/// The same for the smaller quantized models: with their layers on the devices, what is left in
+/// host memory is mostly the engine's own (vocabulary tables, samplers, its fixed 32 MiB),
+/// which the estimate sizes for a large node. The tiny generated models are held to covering
+/// the peak only: their host part is nearly all `memory::engine::FIXED`, about twice the 20 MiB
+/// a 2-core machine's llama-server keeps.
+const OVER: f64 = 1.5;
+
+/// The quantized models of the memory benchmark (tests/quantized_memory.rs): family,
+/// vocabulary, size, type.
+const QUANTIZED: [(&str, &str, &str, &str); 7] = [
+    ("phi3", "phi-3", "bench", "F16"),
+    ("qwen3moe", "qwen2", "bench", "Q8_0"),
+    ("deepseek2", "llama-bpe", "bench", "Q4_K_M"),
+    ("granitehybrid", "llama-bpe", "bench", "Q4_0"),
+    ("mamba2", "gpt-neox", "bench", "IQ4_XS"),
+    ("gemma3", "gemma-4", "bench", "Q4_K_M"),
+    ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
+];
+
+/// Compute buffers the placement does not get within 5%, each with what the engine does that
+/// it does not model, and the most it may be off (estimate / engine - 1, either way): (model
+/// file prefix, setting, where, most).
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 0] = [];
+
+/// The quantized models' cache: beside the llama.cpp build ($MODELSERVE_CACHE, else
+/// ~/.cache/modelserve), keyed by what makes them (testbed/gen_gguf.py and versions.env). They
+/// take minutes to write (gemma3's 3.5 GiB F16 above all) and are the same bytes for the same
+/// key; a new key replaces the old set (about 1.9 GiB).
+fn quantized_cache() -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let root = match std::env::var_os("MODELSERVE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"))
+            .join("modelserve"),
+    };
+    let testbed = Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed");
+    let mut key = std::hash::DefaultHasher::new();
+    for file in ["gen_gguf.py", "versions.env"] {
+        std::fs::read(testbed.join(file)).unwrap().hash(&mut key);
+    }
+    let name = format!("models-offload-{:016x}", key.finish());
+    std::fs::create_dir_all(&root).unwrap();
+    for old in std::fs::read_dir(&root).unwrap().flatten() {
+        let old_name = old.file_name().to_string_lossy().into_owned();
+        if old_name.starts_with("models-offload-") && old_name != name {
+            let _ = std::fs::remove_dir_all(old.path());
+        }
+    }
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A quantized model from the cache, written there (under a temporary name) when missing.
+fn cached(cache: &Path, quantize: &Path, spec: (&str, &str, &str, &str)) -> PathBuf {
+    let (family, vocab, size, quant) = spec;
+    let path = cache.join(format!("{family}-{size}-{vocab}-{quant}.gguf"));
+    if !path.is_file() {
+        let scratch = tempfile::tempdir_in(cache).unwrap();
+        std::fs::rename(quantized(scratch.path(), quantize, spec), &path).unwrap();
+    }
+    path
+}
+
+/// The models both tests use: generated once (the tiny ones each run, the quantized ones
+/// cached), the tiny ones removed when the last test holding them is done.
+struct Models {
+    dir: tempfile::TempDir,
+    tiny: Vec<PathBuf>,
+    quantized: Vec<PathBuf>,
+}
+
+static MODELS: Mutex<(usize, Option<&'static Models>)> = Mutex::new((0, None));
+
+/// A hold on the models; the last one dropped removes them.
+struct Held(&'static Models);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut m = MODELS.lock().unwrap_or_else(|e| e.into_inner());
+        m.0 -= 1;
+        if m.0 == 0
+            && let Some(models) = m.1.take()
+        {
+            let _ = std::fs::remove_dir_all(models.dir.path());
+        }
+    }
+}
+
+fn hold_models() -> Held {
+    let mut m = MODELS.lock().unwrap_or_else(|e| e.into_inner());
+    if m.1.is_none() {
+        let quantize = testbed_script_with("build-llama-tool.sh", &["llama-quantize"]);
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tiny: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(PathBuf::from))
+            .collect();
+        assert_eq!(tiny.len(), 8, "eight families expected, got {tiny:?}");
+        let cache = quantized_cache();
+        let quantized = QUANTIZED
+            .iter()
+            .map(|q| cached(&cache, &quantize, *q))
+            .collect();
+        m.1 = Some(Box::leak(Box::new(Models {
+            dir,
+            tiny,
+            quantized,
+        })));
+    }
+    m.0 += 1;
+    Held(m.1.unwrap())
+}
+
+fn flags() -> Flags {
+    Flags {
+        ctx_size: CTX,
+        parallel: PARALLEL,
+        ubatch: UBATCH,
+        build: BUILD,
+        cpu: "avx2".parse().unwrap(),
+    }
+}
+
+async fn header(path: &Path) -> Header {
+    read_header(
+        &mut FileSource {
+            path: path.to_path_buf(),
+        },
+        "m",
+    )
+    .await
+    .unwrap()
+    .header
+}
+
+fn name(path: &Path) -> String {
+    path.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// Where the layers go.
+#[derive(Clone, Copy, Debug)]
+enum Setting {
+    /// Every layer on one device.
+    FullOne,
+    /// Every layer on two devices, a quarter of them on the first.
+    FullTwo,
+    /// About half the layers on two devices, evenly; the first blocks on the host.
+    Partial,
+}
+
+impl Setting {
+    const ALL: [Setting; 3] = [Setting::FullOne, Setting::FullTwo, Setting::Partial];
+
+    fn name(self) -> &'static str {
+        match self {
+            Setting::FullOne => "full, 1 dev",
+            Setting::FullTwo => "full, 2 dev 1:3",
+            Setting::Partial => "partial, 2 dev",
+        }
+    }
+
+    fn split(self) -> Vec<f64> {
+        match self {
+            Setting::FullOne => vec![1.0],
+            Setting::FullTwo => vec![1.0, 3.0],
+            Setting::Partial => vec![1.0, 1.0],
+        }
+    }
+
+    /// `-ngl` for a model of `n_layer` blocks.
+    fn ngl(self, n_layer: u32) -> u32 {
+        match self {
+            Setting::FullOne | Setting::FullTwo => n_layer + 1,
+            Setting::Partial => (n_layer.div_ceil(2) + 1).min(n_layer),
+        }
+    }
+}
+
+/// llama-server on `servers` as its devices, with the pods' flags and the placement's layers.
+fn start(server: &Path, model: &Path, servers: &[RpcServer], p: &Placement) -> Server {
+    let args = [
+        "--ctx-size".to_string(),
+        CTX.to_string(),
+        "--parallel".into(),
+        PARALLEL.to_string(),
+        "--ubatch-size".into(),
+        UBATCH.to_string(),
+        "--ctx-checkpoints".into(),
+        CTX_CHECKPOINTS.to_string(),
+        "--cache-ram".into(),
+        "0".into(),
+        "--no-webui".into(),
+        "--rpc".into(),
+        rpc_arg(servers),
+        "--n-gpu-layers".into(),
+        p.ngl.to_string(),
+        "--tensor-split".into(),
+        p.tensor_split_arg(),
+        "--split-mode".into(),
+        "layer".into(),
+        "--fit".into(),
+        "off".into(),
+    ];
+    Server::start(server, model, &args)
+}
+
+async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> serde_json::Value {
+    let r = http
+        .post(&url)
+        .json(&body)
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert!(r.status().is_success(), "{url}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+/// Every slot busy at once with its own prompt of a ubatch and more (longer by the window a
+/// checkpoint holds, for a model that keeps them: such a prompt leaves the two checkpoints the
+/// estimate counts), so every host buffer is touched.
+async fn load(s: &Server, http: &reqwest::Client, e: &Estimate) {
+    let window = e
+        .checkpoint_window
+        .min((CTX / PARALLEL).saturating_sub(UBATCH + 48));
+    let text = (0..UBATCH + window)
+        .map(|i| format!("item {i} of the inventory, checked and counted."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let tokens = post(
+        http,
+        format!("{}/tokenize", s.url),
+        serde_json::json!({ "content": text }),
+    )
+    .await["tokens"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let want = usize::try_from(UBATCH + window).unwrap() + 16;
+    assert!(tokens.len() >= want + 8, "{} tokens", tokens.len());
+    let one = |i: usize| {
+        post(
+            http,
+            format!("{}/completion", s.url),
+            serde_json::json!({ "prompt": &tokens[i..i + want], "n_predict": 4 }),
+        )
+    };
+    futures::future::join_all((0..PARALLEL as usize).map(one)).await;
+}
+
+/// MiB with two decimals, as the engine prints them.
+fn mib(b: u64) -> String {
+    format!("{:.2}", b as f64 / MIB as f64)
+}
+
+/// The table and what failed in it.
+#[derive(Default)]
+struct Table {
+    lines: Vec<String>,
+    failures: Vec<String>,
+}
+
+impl Table {
+    /// `estimate` against the engine's `engine` MiB, to the two decimals it prints.
+    fn exact(&mut self, what: &str, estimate: u64, engine: f64) -> String {
+        let (e, g) = (mib(estimate), format!("{engine:.2}"));
+        if e == g {
+            e
+        } else {
+            self.failures
+                .push(format!("{what}: {e} MiB estimated, {g} MiB logged"));
+            format!("{e}≠{g}")
+        }
+    }
+
+    /// A compute buffer within `COMPUTE` of the engine's, or of a known miss's bound.
+    fn near(
+        &mut self,
+        what: &str,
+        model: &str,
+        setting: &str,
+        at: &str,
+        est: u64,
+        engine: f64,
+    ) -> String {
+        let e = est as f64 / MIB as f64;
+        // The engine prints 0.01 MiB for the output layer's few kB of logits.
+        let off = if engine < 0.02 && e < 0.02 {
+            0.0
+        } else {
+            e / engine - 1.0
+        };
+        let miss = COMPUTE_MISSES
+            .iter()
+            .find(|(m, s, w, _, _)| model.starts_with(m) && *s == setting && *w == at);
+        let most = miss.map_or(COMPUTE, |m| m.3);
+        if off.abs() > most {
+            self.failures.push(format!(
+                "{what}: compute {e:.2} MiB estimated, {engine:.2} MiB logged ({:+.1}%)",
+                off * 100.0
+            ));
+        }
+        format!(
+            "{e:.2}/{engine:.2}{}",
+            if miss.is_some() { "*" } else { "" }
+        )
+    }
+
+    /// A compute buffer where the engine turned flash attention off: at least the estimate
+    /// (the placement assumes it on), however much more.
+    fn unmodelled(&mut self, what: &str, est: u64, engine: f64) -> String {
+        let e = est as f64 / MIB as f64;
+        if engine < e * (1.0 - COMPUTE) {
+            self.failures.push(format!(
+                "{what}: compute {e:.2} MiB estimated, {engine:.2} MiB logged with flash attention off"
+            ));
+        }
+        format!("{e:.2}/{engine:.2}†")
+    }
+
+    fn print(&self) {
+        println!("{}", self.lines.join("\n"));
+    }
+}
+
+#[tokio::test]
+async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
+    let server = testbed_script_with("build-llama-tool.sh", &["llama-server"]);
+    let rpc = testbed_script_with("build-llama-tool.sh", &["rpc-server"]);
+    let began = std::time::Instant::now();
+    let models = hold_models();
+    eprintln!("offload_engine: models ready in {:?}", began.elapsed());
+    let http = reqwest::Client::new();
+    let devices = [RpcServer::start(&rpc), RpcServer::start(&rpc)];
+    let f = flags();
+    let mut t = Table::default();
+    t.lines.push(format!(
+        "{:<38} {:<16} {:<5} {:>15} {:>15} {:>13} {:>13} {:>13} {:>20}",
+        "model (ctx 8192, 2 slots)",
+        "setting",
+        "where",
+        "weights MiB",
+        "host repack",
+        "KV",
+        "state",
+        "compute est/eng",
+        "host est/peak RSS"
+    ));
+    for model in models.0.tiny.iter().chain(&models.0.quantized) {
+        let name = name(model);
+        let h = header(model).await;
+        let e = estimate(&h, &f);
+        let n_layer = place_on(&h, &f, 0, &[], Backend::RPC).unwrap().n_layer;
+        for setting in Setting::ALL {
+            let split = setting.split();
+            let p = place_on(&h, &f, setting.ngl(n_layer), &split, Backend::RPC).unwrap();
+            let servers = &devices[..split.len()];
+            let mut s = start(&server, model, servers, &p);
+            s.ready(&http).await;
+            reset_peak_rss(s.child.id());
+            load(&s, &http, &e).await;
+            let peak = peak_rss(s.child.id());
+            let b = Buffers::parse(&s.log_text());
+            let (set, at) = (setting.name(), format!("{name} {}", setting.name()));
+            let fa_off = flash_attention_off(&h, &p);
+            for (i, (d, dev)) in p.devices.iter().zip(servers).enumerate() {
+                let what = format!("{at} device {i}");
+                let ep = &dev.endpoint;
+                let line = format!(
+                    "{:<38} {:<16} {:<5} {:>15} {:>15} {:>13} {:>13} {:>13}",
+                    name,
+                    set,
+                    format!("dev{i}"),
+                    t.exact(&format!("{what} weights"), d.weights, b.device("model", ep)),
+                    "",
+                    t.exact(&format!("{what} KV"), d.kv, b.device("KV", ep)),
+                    t.exact(&format!("{what} state"), d.recurrent, b.device("RS", ep)),
+                    if fa_off {
+                        t.unmodelled(&what, d.compute, b.device("compute", ep))
+                    } else {
+                        let at = format!("dev{i}");
+                        t.near(&what, &name, set, &at, d.compute, b.device("compute", ep))
+                    },
+                );
+                t.lines.push(line);
+            }
+            let host = &p.host;
+            let what = format!("{at} host");
+            let repack = b.sum("model", |n| n == "CPU_REPACK");
+            let ratio = host.total as f64 / peak as f64;
+            let line = format!(
+                "{:<38} {:<16} {:<5} {:>15} {:>15} {:>13} {:>13} {:>13} {:>20}",
+                name,
+                set,
+                "host",
+                t.exact(
+                    &format!("{what} mapped weights"),
+                    host.mapped,
+                    b.host("model") - repack
+                ),
+                t.exact(&format!("{what} repack"), host.repack, repack),
+                t.exact(&format!("{what} KV"), host.kv, b.host("KV")),
+                t.exact(&format!("{what} state"), host.recurrent, b.host("RS")),
+                if fa_off {
+                    t.unmodelled(&what, host.compute, b.host("compute"))
+                } else {
+                    t.near(&what, &name, set, "host", host.compute, b.host("compute"))
+                },
+                format!(
+                    "{:.0}/{:.0} {ratio:.2}x",
+                    host.total as f64 / MIB as f64,
+                    peak as f64 / MIB as f64
+                ),
+            );
+            t.lines.push(line);
+            let most = if e.weights >= 1 << 30 {
+                OVER_LARGE
+            } else if models.0.quantized.contains(model) {
+                OVER
+            } else {
+                f64::INFINITY
+            };
+            if !(1.0..=most).contains(&ratio) {
+                t.failures
+                    .push(format!("{what}: host part / peak RSS {ratio:.3}"));
+            }
+        }
+    }
+    t.print();
+    println!("placement table in {:?}", began.elapsed());
+    for (m, s, w, _, why) in COMPUTE_MISSES {
+        println!("* {m} {s} {w}: {why}");
+    }
+    println!("† flash attention off: see flash_attention_off");
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+}
+
+/// Device sizes to offer a model: every layer fits one device; about half the layers do; two
+/// devices, the last holding about a third of the layers and the first about a quarter; and
+/// none, not even the output layer. Each size is halfway between what the placement says the
+/// device needs with the layers it should get and with one layer more, so that a compute
+/// buffer off by 5% still picks the same layers.
+fn cases(h: &Header, f: &Flags, n_layer: u32) -> Vec<(&'static str, Vec<u64>)> {
+    let all = n_layer + 1;
+    let need = |counts: &[u32], id: usize| -> u64 {
+        let split: Vec<f64> = counts.iter().map(|c| f64::from(*c)).collect();
+        let ngl = counts.iter().sum();
+        place_on(h, f, ngl, &split, Backend::RPC).unwrap().devices[id].total
+    };
+    let halfway = |counts: &[u32], id: usize| -> u64 {
+        let mut more = counts.to_vec();
+        more[id] += 1;
+        (need(counts, id) + need(&more, id)) / 2
+    };
+    let last = (all / 3).max(1);
+    let first = (all / 4).max(1).min(all - last - 1);
+    vec![
+        ("all on 1", vec![need(&[all], 0) + 64 * MIB]),
+        ("half on 1", vec![halfway(&[all / 2], 0)]),
+        (
+            "some on 2",
+            vec![halfway(&[first, last], 0), halfway(&[0, last], 1)],
+        ),
+        ("none on 1", vec![need(&[1], 0) / 2]),
+    ]
+}
+
+/// Whether a device's need is within 5% of its compute buffer of what it has, with the layers
+/// decided or with one more: a compute buffer off by that much may pick one layer more or less.
+fn close_call(h: &Header, f: &Flags, counts: &[u32], room: &[u64]) -> bool {
+    let all = place_on(h, f, 0, &[], Backend::RPC).unwrap().n_layer + 1;
+    (0..counts.len()).any(|id| {
+        let mut more = counts.to_vec();
+        more[id] += 1;
+        [counts.to_vec(), more]
+            .iter()
+            .filter(|c| c.iter().sum::<u32>() <= all)
+            .any(|c| {
+                let split: Vec<f64> = c.iter().map(|n| f64::from(*n)).collect();
+                let p = place_on(h, f, c.iter().sum(), &split, Backend::RPC).unwrap();
+                let d = &p.devices[id];
+                d.total.abs_diff(room[id]) as f64 <= COMPUTE * d.compute as f64
+            })
+    })
+}
+
+/// Whether the engine turns flash attention off for this placement: when the host's last block
+/// attends and the next block, on a device, is recurrent (a hybrid), the scheduler runs the
+/// host block's attention on that device (the recurrent block's state copies come before the
+/// host block's output projection in the graph, and it extends the device's run back over the
+/// weightless attention), so `llama_context` finds attention off its layer's device and turns
+/// flash attention off for every layer: the attention then keeps whole score matrices (96 MiB
+/// more on a 768-wide hybrid at 8192 tokens). Not modelled; the layers' kinds come from the
+/// per-layer `head_count_kv`.
+fn flash_attention_off(h: &Header, p: &Placement) -> bool {
+    let arch = match h.metadata.get("general.architecture") {
+        Some(Value::String(a)) => a.clone(),
+        _ => return false,
+    };
+    let Some(Value::Array {
+        items: Some(heads), ..
+    }) = h.metadata.get(&format!("{arch}.attention.head_count_kv"))
+    else {
+        return false;
+    };
+    let attends = |il: u32| heads.get(il as usize).and_then(Value::as_u64).unwrap_or(0) > 0;
+    let boundary = p.host.layers.end;
+    !p.host.layers.is_empty() && boundary < p.n_layer && attends(boundary - 1) && !attends(boundary)
+}
+
+#[tokio::test]
+async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks() {
+    let fit = testbed_script_with("build-llama-tool.sh", &["llama-fit-params"]);
+    let rpc = testbed_script_with("build-llama-tool.sh", &["rpc-server"]);
+    let began = std::time::Instant::now();
+    let models = hold_models();
+    let devices = [RpcServer::start(&rpc), RpcServer::start(&rpc)];
+    // rpc-server offers the host's memory as its device's: a device of `size` is the host's
+    // memory less a `--fit-target` margin of the rest, in whole MiB as the flag takes it. Both
+    // get the same: every device's free memory the host's, and the margins.
+    let total = host_memory();
+    // llama-fit-params, unlike llama-server (and its --fit), does not bound the outputs of a
+    // batch by the slots: its trial loads reserve logits for a whole ubatch on the output
+    // layer's device, as llama-server did before b9460 (262k vocabulary: 512 MiB, not 2). Its
+    // choice is the operator's for that build.
+    let f = Flags {
+        build: OUTPUTS_PER_SLOT_FROM - 1,
+        ..flags()
+    };
+    let mut t = Table::default();
+    t.lines.push(format!(
+        "{:<40} {:<10} {:>16} {:>14} {:>14} {}",
+        "model (ctx 8192, 2 slots)", "case", "devices MiB", "decide_on", "fit-params", "note"
+    ));
+    for model in models.0.tiny.iter().chain(&models.0.quantized) {
+        let name = name(model);
+        let h = header(model).await;
+        let n_layer = place_on(&h, &f, 0, &[], Backend::RPC).unwrap().n_layer;
+        let moe = h.tensors.iter().any(|t| t.name.contains("_exps"));
+        for (case, sizes) in cases(&h, &f, n_layer) {
+            // Rounded up: a device never has more than its size.
+            let margins: Vec<u64> = sizes
+                .iter()
+                .map(|s| (total - s).div_ceil(MIB) * MIB)
+                .collect();
+            let servers = &devices[..sizes.len()];
+            let args = [
+                "--rpc".to_string(),
+                rpc_arg(servers),
+                "--ctx-size".into(),
+                CTX.to_string(),
+                "--parallel".into(),
+                PARALLEL.to_string(),
+                "--ubatch-size".into(),
+                UBATCH.to_string(),
+                "--fit-target".into(),
+                margins
+                    .iter()
+                    .map(|m| (m / MIB).to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ];
+            let fitted = fit_params(&fit, model, &args);
+            let offered: Vec<Device> = sizes
+                .iter()
+                .map(|_| Device {
+                    name: "RPC".into(),
+                    free: total,
+                })
+                .collect();
+            let d = decide_on(&h, &f, &offered, &margins, Backend::RPC).unwrap();
+            let room: Vec<u64> = margins.iter().map(|m| total - m).collect();
+            let p = d.placement();
+            // -ngl -1: the engine's default, every layer, split by free memory.
+            let engine_ngl = if fitted.ngl < 0 {
+                n_layer + 1
+            } else {
+                u32::try_from(fitted.ngl).unwrap()
+            };
+            let counts: Vec<u32> = p.split.iter().map(|s| *s as u32).collect();
+            let ours = match &d {
+                Decision::NoFit { .. } => "0".to_string(),
+                _ if counts.len() > 1 => format!("{} ({:?})", p.ngl, counts),
+                _ => p.ngl.to_string(),
+            };
+            let theirs = if fitted.split.is_empty() {
+                engine_ngl.to_string()
+            } else {
+                format!("{engine_ngl} ({:?})", fitted.split)
+            };
+            let same_split = fitted.split.is_empty() || fitted.split == counts;
+            let mut note = "";
+            if fitted.overrides {
+                // --fit's step 4: MoE experts to the host, then whole layers back to the
+                // devices; decide_on keeps experts with their layer.
+                note = "fit-params moves experts to the host (-ot)";
+                if !moe {
+                    t.failures
+                        .push(format!("{name} {case}: -ot for a model without experts"));
+                }
+            } else if engine_ngl == p.ngl && same_split {
+            } else if flash_attention_off(&h, p) && engine_ngl < p.ngl {
+                note = "the engine turns flash attention off (see flash_attention_off)";
+            } else if engine_ngl.abs_diff(p.ngl) <= 1 && close_call(&h, &f, &counts, &room) {
+                note = "a layer's need is within 5% of its compute of the size";
+            } else {
+                t.failures.push(format!(
+                    "{name} {case}: decide_on {ours}, llama-fit-params {theirs}: {}",
+                    fitted
+                        .log
+                        .lines()
+                        .rev()
+                        .take(12)
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                ));
+                note = "DIFFERS";
+            }
+            let sizes_mib: Vec<String> = sizes.iter().map(|s| mib(*s)).collect();
+            t.lines.push(format!(
+                "{:<40} {:<10} {:>16} {:>14} {:>14} {note}",
+                name,
+                case,
+                sizes_mib.join(", "),
+                ours,
+                theirs
+            ));
+        }
+    }
+    t.print();
+    println!("fit table in {:?}", began.elapsed());
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+}
