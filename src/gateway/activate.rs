@@ -32,11 +32,19 @@ const SCALE_TRIES: u32 = 8;
 /// One lock per model: when this gateway last scaled it up.
 #[derive(Default)]
 pub struct Activations {
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Instant>>>>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Scaled>>>>>,
+}
+
+/// This gateway's last scale-up of a model: when, and the model's resourceVersion before it.
+#[derive(Clone, Debug)]
+struct Scaled {
+    when: Instant,
+    at: Timestamp,
+    before: Option<String>,
 }
 
 impl Activations {
-    fn lock_of(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Instant>>> {
+    fn lock_of(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Scaled>>> {
         let mut m = self.locks.lock().unwrap_or_else(|e| e.into_inner());
         if m.len() > 4096 {
             m.retain(|_, l| Arc::strong_count(l) > 1);
@@ -70,7 +78,23 @@ pub async fn replica(
                 RETRY_AFTER,
             ));
         }
-        since = Some(activate(gw, model).await?);
+        let deadline = tokio::time::Instant::from_std(started + gw.config.activation_timeout);
+        since = Some(
+            tokio::time::timeout_at(deadline, activate(gw, model))
+                .await
+                .map_err(|_| {
+                    ApiError::unavailable(
+                        "activation_failed",
+                        format!(
+                            "cannot scale {} ({}) up from 0 replicas within {}: the API server did not answer",
+                            model.served(),
+                            model.key(),
+                            human_duration(gw.config.activation_timeout)
+                        ),
+                        RETRY_AFTER,
+                    )
+                })??,
+        );
     }
     hold(gw, model, started, since).await
 }
@@ -101,15 +125,24 @@ fn latest(gw: &Gateway, model: &Model) -> Arc<ModelServe> {
 async fn activate(gw: &Gateway, model: &Model) -> Result<Activation, ApiError> {
     let lock = gw.activations.lock_of(&model.key());
     let mut last = lock.lock().await;
+    if let Some(l) = last.as_ref()
+        && l.when.elapsed() < gw.config.activation_timeout
+    {
+        // This gateway scaled it up a moment ago: that scale-up is this request's too, unless
+        // the model has been scaled back to 0 since (the watch shows a newer object at 0).
+        let seen = latest(gw, model);
+        if seen.spec.replicas > 0 || seen.metadata.resource_version == l.before {
+            return Ok(Activation {
+                at: l.at,
+                scaled: false,
+            });
+        }
+    }
     let now = Timestamp::now();
     let shared = Ok(Activation {
         at: now,
         scaled: false,
     });
-    if last.is_some_and(|t| t.elapsed() < gw.config.activation_timeout) {
-        // This gateway scaled it up a moment ago: that scale-up is this request's too.
-        return shared;
-    }
     let api: Api<ModelServe> = Api::namespaced(gw.client.clone(), &model.namespace);
     let failed = |e: kube::Error| {
         ApiError::unavailable(
@@ -126,12 +159,14 @@ async fn activate(gw: &Gateway, model: &Model) -> Result<Activation, ApiError> {
     // wins and the other reads the model again and finds it scaled. A 409 may also be the
     // controller's status write in between, so it is read again rather than assumed scaled.
     let mut tries = 0;
+    let mut before;
     loop {
         tries += 1;
         let scale = api.get_scale(&model.name).await.map_err(failed)?;
         if scale.spec.and_then(|s| s.replicas).unwrap_or(0) > 0 {
             return shared;
         }
+        before = scale.metadata.resource_version.clone();
         let patch = serde_json::json!({
             "metadata": {"resourceVersion": scale.metadata.resource_version},
             "spec": {"replicas": 1},
@@ -149,7 +184,11 @@ async fn activate(gw: &Gateway, model: &Model) -> Result<Activation, ApiError> {
             Err(e) => return Err(failed(e)),
         }
     }
-    *last = Some(Instant::now());
+    *last = Some(Scaled {
+        when: Instant::now(),
+        at: now,
+        before,
+    });
     tracing::info!(model = %model.key(), "activated: scaled from 0 to 1 replica for a request");
     let note = format!(
         "A request for {} found it at 0 replicas; the gateway scaled it to 1",

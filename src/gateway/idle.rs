@@ -2,7 +2,7 @@
 //! `status.demand`, and the scale-down of on-demand models idle for `idleAfter`.
 //!
 //! A replica writes `lastRequestAt` when a request arrives and, while requests are in flight,
-//! again at least every quarter of `idleAfter` (at most once a second, and once a minute for a
+//! again at least every quarter of `idleAfter` (at most four times a second, and once a minute for a
 //! model that is not on demand, for `kubectl get`). A model is idle when no gateway has written
 //! for `idleAfter`, this one has nothing in flight, and it has been up that long; then its
 //! replicas go to 0 through the scale subresource, conditional on the resourceVersion the
@@ -40,7 +40,7 @@ pub struct Heartbeats {
 /// How often the request time of `ms` is written while it is asked for.
 pub fn heartbeat(ms: &ModelServe) -> Duration {
     match ms.spec.on_demand.as_ref().map(|o| o.idle_after()) {
-        Some(Ok(idle)) => (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+        Some(Ok(idle)) => (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(60)),
         _ => Duration::from_secs(60),
     }
 }
@@ -133,7 +133,7 @@ pub async fn run(gw: Arc<Gateway>) {
             }
             let last = last_use(&m.object, seen.map(|s| s.last.elapsed()), since, now);
             if now - last >= idle_after.as_secs_f64() {
-                scale_down(&gw, m, idle_after).await;
+                scale_down(&gw, m, idle_after, since).await;
             }
         }
         up_since.retain(|k, _| idx.get(k).is_some());
@@ -142,8 +142,10 @@ pub async fn run(gw: Arc<Gateway>) {
 }
 
 /// Scales an idle model to 0, reading it afresh: a request time another replica wrote since the
-/// index was built keeps it up, and the write is conditional on what was read.
-async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration) {
+/// index was built keeps it up, and the write is conditional on what was read. `up_since` is
+/// when this replica first saw it up: a model no gateway ever recorded a request for (scaled up
+/// by a person) is idle from then.
+async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration, up_since: f64) {
     let api: Api<ModelServe> = Api::namespaced(gw.client.clone(), &model.namespace);
     let ms = match api.get(&model.name).await {
         Ok(ms) => ms,
@@ -157,7 +159,7 @@ async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration) {
     if ms.spec.replicas == 0 || seen.is_some_and(|s| s.in_flight > 0) {
         return;
     }
-    let last = last_use(&ms, seen.map(|s| s.last.elapsed()), f64::MIN, now);
+    let last = last_use(&ms, seen.map(|s| s.last.elapsed()), up_since, now);
     if now - last < idle_after.as_secs_f64() {
         return;
     }
@@ -181,7 +183,8 @@ async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration) {
             return;
         }
     }
-    let idle = human_duration(Duration::from_secs_f64((now - last).max(0.0)));
+    let idle =
+        human_duration(Duration::try_from_secs_f64((now - last).max(0.0)).unwrap_or(idle_after));
     tracing::info!(model = %model.key(), %idle, "scaled to 0 replicas: idle");
     gw.metrics
         .scale_downs
@@ -222,9 +225,16 @@ mod tests {
     }
 
     #[test]
-    fn the_heartbeat_is_a_quarter_of_idle_after_within_a_second_and_a_minute() {
+    fn the_heartbeat_is_a_quarter_of_idle_after_within_a_quarter_second_and_a_minute() {
         assert_eq!(heartbeat(&model(Some("20s"), None)), Duration::from_secs(5));
-        assert_eq!(heartbeat(&model(Some("2s"), None)), Duration::from_secs(1));
+        assert_eq!(
+            heartbeat(&model(Some("2s"), None)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            heartbeat(&model(Some("1s"), None)),
+            Duration::from_millis(250)
+        );
         assert_eq!(heartbeat(&model(Some("1h"), None)), Duration::from_secs(60));
         assert_eq!(heartbeat(&model(None, None)), Duration::from_secs(60));
     }

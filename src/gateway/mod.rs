@@ -172,7 +172,16 @@ pub async fn run(config: Config) -> Result<(), String> {
     if gw.config.auth == AuthMode::None {
         tracing::warn!("--auth none: anyone who reaches the gateway may use every model");
     }
-    tokio::spawn(idle::run(gw.clone()));
+    // The idle loop outlives a panic in one pass: it is started again, and says so.
+    let idle_gw = gw.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = tokio::spawn(idle::run(idle_gw.clone())).await {
+                tracing::error!(error = %e, "the idle scale-down loop ended; starting it again");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    });
     let api = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;

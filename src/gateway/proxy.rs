@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -28,6 +27,8 @@ use crate::names::secret_name;
 pub const MAX_BODY: usize = 32 << 20;
 /// The longest `model` accepted.
 const MAX_MODEL: usize = 320;
+/// The longest a client may take to send its request body.
+const BODY_READ: std::time::Duration = std::time::Duration::from_secs(60);
 /// The pause before a request whose replica refused the connection tries again.
 const REFUSED_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -60,7 +61,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
                 "the gateway serves POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models",
             )
         })
-        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(gw)
 }
 
@@ -105,25 +105,38 @@ struct Head {
 async fn handle(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
     path: &'static str,
 ) -> Response {
     let started = Instant::now();
+    // The key before the body: a caller without one never gets the gateway to buffer anything.
     let scope = match gw.authenticate(&headers) {
         Ok(s) => s,
         Err(e) => return gw.refuse(None, e),
     };
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => {
-            let status = e.status();
+    let body = match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             return gw.refuse(
                 None,
                 ApiError::new(
-                    status,
+                    StatusCode::PAYLOAD_TOO_LARGE,
                     "invalid_body",
                     format!(
                         "the request body cannot be read ({e}); at most {MAX_BODY} bytes of JSON"
+                    ),
+                ),
+            );
+        }
+        Err(_) => {
+            return gw.refuse(
+                None,
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_body",
+                    format!(
+                        "the request body did not arrive within {}s",
+                        BODY_READ.as_secs()
                     ),
                 ),
             );
@@ -180,9 +193,17 @@ async fn handle(
     let deadline = started + gw.config.activation_timeout;
     let mut refused: Vec<String> = Vec::new();
     loop {
-        let (replica, in_flight) = match activate::replica(&gw, &model, started).await {
-            Ok(r) => r,
-            Err(e) => return gw.refuse(Some(&model), e),
+        // A replica that refused is tried again only when every replica has.
+        let skip: Vec<&str> = refused.iter().map(String::as_str).collect();
+        let other = gw
+            .balancer
+            .pick(gw.views.replicas.get().of(&model.key()), &skip);
+        let (replica, in_flight) = match other {
+            Some(r) => r,
+            None => match activate::replica(&gw, &model, started).await {
+                Ok(r) => r,
+                Err(e) => return gw.refuse(Some(&model), e),
+            },
         };
         let sent = gw
             .http
@@ -204,13 +225,35 @@ async fn handle(
                 }
                 tokio::time::sleep(REFUSED_PAUSE).await;
             }
+            // The engine key is the gateway's, not the client's: a replica that refuses it
+            // (a Secret rotated and not yet seen) is the gateway's failure.
+            Ok(upstream)
+                if matches!(
+                    upstream.status(),
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+                ) =>
+            {
+                return gw.refuse(
+                    Some(&model),
+                    ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        "upstream_auth_failed",
+                        format!(
+                            "the replica {} refused the gateway's engine key for {} (HTTP {}); the Secret {key_name} may have changed since the gateway read it",
+                            replica.pod,
+                            model.key(),
+                            upstream.status().as_u16()
+                        ),
+                    ),
+                );
+            }
             Ok(upstream) => {
                 return stream_back(&gw, &model, upstream, (in_flight, asking), started);
             }
             Err(e) if e.is_connect() && Instant::now() < deadline => {
                 drop(in_flight);
                 if !refused.contains(&replica.pod) {
-                    tracing::info!(replica = %replica.pod, error = %e, "the replica refused the connection; waiting for it or another");
+                    tracing::info!(replica = %replica.pod, error = %e.without_url(), "the replica refused the connection; waiting for it or another");
                     refused.push(replica.pod);
                 }
                 tokio::time::sleep(REFUSED_PAUSE).await;
@@ -231,13 +274,23 @@ async fn handle(
                     ),
                 );
             }
+            Err(e) if e.is_timeout() => {
+                return gw.refuse(
+                    Some(&model),
+                    ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        format!("the replica {} did not answer in time", replica.pod),
+                    ),
+                );
+            }
             Err(e) => {
                 return gw.refuse(
                     Some(&model),
                     ApiError::new(
                         StatusCode::BAD_GATEWAY,
                         "upstream_error",
-                        format!("the replica {} failed: {e}", replica.pod),
+                        format!("the replica {} failed: {}", replica.pod, e.without_url()),
                     ),
                 );
             }
