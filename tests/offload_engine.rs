@@ -70,10 +70,139 @@ const QUANTIZED: [(&str, &str, &str, &str); 7] = [
     ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
 ];
 
-/// Compute buffers the placement does not get within 5%, each with what the engine does that
-/// it does not model, and the most it may be off (estimate / engine - 1, either way): (model
-/// file prefix, setting, where, most).
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 0] = [];
+/// Compute buffers the placement does not get within 5% (b11312, measured 2026-12-03), and the
+/// most each may be off (estimate / engine - 1, either way), so that a change for the worse
+/// fails: (model file prefix, setting, where, most, what is not modelled). Under-estimates are
+/// the ones that matter (a device's share is then short by that much of its headroom); they are
+/// open work, listed in the README's offload section.
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 18] = [
+    (
+        "llama-tiny",
+        "partial, 2 dev",
+        "dev0",
+        0.12,
+        "over: the first device of a partial offload",
+    ),
+    (
+        "qwen2-tiny",
+        "partial, 2 dev",
+        "dev0",
+        0.12,
+        "over: the first device of a partial offload",
+    ),
+    (
+        "phi3-tiny",
+        "partial, 2 dev",
+        "dev0",
+        0.06,
+        "over: the first device of a partial offload",
+    ),
+    (
+        "gemma3-tiny",
+        "partial, 2 dev",
+        "dev1",
+        0.06,
+        "over: the last device of a partial offload",
+    ),
+    (
+        "gemma3-tiny-gemma-4",
+        "full, 2 dev 1:3",
+        "dev1",
+        0.07,
+        "under: the device with the output layer, real vocabulary",
+    ),
+    (
+        "gemma3-bench",
+        "full, 2 dev 1:3",
+        "dev1",
+        0.09,
+        "under: the device with the output layer, real vocabulary",
+    ),
+    (
+        "deepseek2-bench",
+        "full, 2 dev 1:3",
+        "dev1",
+        0.07,
+        "under: MLA on the device with the output layer",
+    ),
+    (
+        "deepseek2-bench",
+        "partial, 2 dev",
+        "dev0",
+        0.08,
+        "over: MLA, partial offload",
+    ),
+    (
+        "deepseek2-bench",
+        "partial, 2 dev",
+        "host",
+        0.09,
+        "over: MLA, partial offload",
+    ),
+    (
+        "qwen3moe-bench",
+        "partial, 2 dev",
+        "dev0",
+        0.19,
+        "under: MoE routing on the first device of a partial offload",
+    ),
+    (
+        "mamba2-tiny",
+        "full, 2 dev 1:3",
+        "dev0",
+        0.28,
+        "under: the SSM scan split over devices",
+    ),
+    (
+        "mamba2-tiny",
+        "full, 2 dev 1:3",
+        "dev1",
+        0.54,
+        "under: the SSM scan split over devices",
+    ),
+    (
+        "mamba2-tiny",
+        "partial, 2 dev",
+        "host",
+        0.18,
+        "over: the SSM scan, partial offload",
+    ),
+    (
+        "mamba2-bench",
+        "full, 1 dev",
+        "dev0",
+        0.12,
+        "under: the SSM scan at 768 wide on a device",
+    ),
+    (
+        "mamba2-bench",
+        "full, 2 dev 1:3",
+        "dev0",
+        0.38,
+        "under: the SSM scan split over devices",
+    ),
+    (
+        "mamba2-bench",
+        "full, 2 dev 1:3",
+        "dev1",
+        0.54,
+        "under: the SSM scan split over devices",
+    ),
+    (
+        "granitehybrid-tiny",
+        "full, 2 dev 1:3",
+        "dev0",
+        0.15,
+        "under: the SSM scan split over devices",
+    ),
+    (
+        "granitehybrid-tiny",
+        "partial, 2 dev",
+        "dev0",
+        0.28,
+        "over: hybrid, partial offload",
+    ),
+];
 
 /// The quantized models' cache: beside the llama.cpp build ($MODELSERVE_CACHE, else
 /// ~/.cache/modelserve), keyed by what makes them (testbed/gen_gguf.py and versions.env). They

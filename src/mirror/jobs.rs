@@ -194,6 +194,12 @@ impl Mirror {
         let mut jobs = lock(&self.jobs);
         let mut refs = lock(&self.refs);
         let (volume, bytes) = self.volume()?;
+        if refs.stale(std::time::Instant::now()) {
+            tracing::warn!(
+                "the operator's live set is older than {}: nothing is deleted until it sends one again",
+                crate::units::human_duration(space::LIVE_SET_STALE)
+            );
+        }
         let candidates = self.candidates(&jobs, &mut refs)?;
         let plan = space::plan(&candidates, volume, &self.space);
         for (b, reason) in &plan {

@@ -29,7 +29,8 @@ pub struct SpaceArgs {
     #[arg(long, env = "MODELSERVE_MIRROR_CAPACITY", value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// A blob a fetch request named counts as referenced this long after, covering the time
-    /// until the operator's next live set lists it (at most the grace).
+    /// until the operator's next live set lists it (whatever the grace: with --gc-grace 0s a
+    /// blob just downloaded would otherwise go before the operator first lists it).
     #[arg(long, env = "MODELSERVE_MIRROR_REQUEST_PIN", default_value = "2m", value_parser = parse_duration)]
     pub request_pin: Duration,
 }
@@ -73,7 +74,7 @@ impl SpaceArgs {
 
     /// How long a requested blob stays referenced without the operator's word.
     pub fn pin(&self) -> Duration {
-        self.grace.min(self.request_pin)
+        self.request_pin
     }
 }
 
@@ -132,6 +133,10 @@ pub struct Blob {
     pub modified: std::time::SystemTime,
 }
 
+/// A live set older than this is not gone by: nothing is deleted until the operator speaks
+/// again.
+pub const LIVE_SET_STALE: Duration = Duration::from_secs(600);
+
 /// What the collector knows about references.
 #[derive(Debug, Default)]
 pub struct Refs {
@@ -159,10 +164,22 @@ impl Refs {
         self.since.remove(sha256);
     }
 
+    /// Whether the operator's last live set is too old to go by (it sends one every 30 seconds:
+    /// a set this old means it cannot reach the mirror, and blobs mirrored since are missing
+    /// from it).
+    pub fn stale(&self, now: Instant) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) > LIVE_SET_STALE)
+    }
+
     fn referenced(&self, sha: &str, busy: &HashSet<String>, now: Instant, pin: Duration) -> bool {
         let Some((live, _)) = &self.live else {
             return true;
         };
+        if self.stale(now) {
+            return true;
+        }
         live.contains(sha)
             || busy.contains(sha)
             || self
@@ -325,6 +342,33 @@ mod tests {
         refs.tell(HashSet::new(), now);
         let c = refs.unreferenced(&blobs, &HashSet::new(), now, Duration::ZERO);
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn a_live_set_the_operator_stopped_sending_deletes_nothing() {
+        let mut refs = Refs::default();
+        let blobs = [blob(1, 10)];
+        let then = Instant::now();
+        refs.tell(HashSet::new(), then);
+        let later = then + LIVE_SET_STALE + Duration::from_secs(1);
+        assert!(refs.stale(later));
+        let c = refs.unreferenced(&blobs, &HashSet::new(), later, Duration::ZERO);
+        assert!(c.is_empty(), "a stale live set is no word at all");
+        refs.tell(HashSet::new(), later);
+        assert_eq!(
+            refs.unreferenced(&blobs, &HashSet::new(), later, Duration::ZERO)
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_request_pin_holds_whatever_the_grace() {
+        let a = SpaceArgs {
+            grace: Duration::ZERO,
+            ..SpaceArgs::default()
+        };
+        assert_eq!(a.pin(), Duration::from_secs(120));
     }
 
     #[test]

@@ -45,10 +45,12 @@ pub(super) fn verdict(
             "the API server did not accept the token for the audience {audience}: {why}"
         )));
     }
-    // An API server that reviewed for other audiences than the one asked for did not vouch
-    // for this one.
-    if let Some(auds) = &status.audiences
-        && !auds.iter().any(|a| a == audience)
+    // An API server that reviewed for other audiences than the one asked for, or that names
+    // none (a token then is for the API server's own audience), did not vouch for this one.
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|auds| auds.iter().any(|a| a == audience))
     {
         return Err(Refusal::unauthenticated(format!(
             "the token is not for the audience {audience}; mount a projected serviceAccountToken with audience: {audience}"
@@ -146,7 +148,22 @@ mod tests {
         .unwrap_err();
         assert_eq!(other.status, StatusCode::UNAUTHORIZED);
         assert!(other.message.contains("not for the audience"), "{other:?}");
-        let user = verdict(&reviewed(true, "alice", None), DEFAULT_AUDIENCE).unwrap_err();
+        // No audiences in the answer: the token was for the API server, not the mirror.
+        let unnamed = verdict(
+            &reviewed(true, "system:serviceaccount:a:b", None),
+            DEFAULT_AUDIENCE,
+        )
+        .unwrap_err();
+        assert_eq!(unnamed.status, StatusCode::UNAUTHORIZED);
+        assert!(
+            unnamed.message.contains("not for the audience"),
+            "{unnamed:?}"
+        );
+        let user = verdict(
+            &reviewed(true, "alice", Some(&[DEFAULT_AUDIENCE])),
+            DEFAULT_AUDIENCE,
+        )
+        .unwrap_err();
         assert_eq!(user.status, StatusCode::FORBIDDEN);
         assert!(user.message.contains("alice"), "{user:?}");
     }
