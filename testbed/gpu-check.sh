@@ -36,7 +36,7 @@
 #   GPU_CHECK_CPU      the --cpu of modelserve estimate (avx2: the build is not -march=native)
 #
 # Dry run without a GPU, against the test bed's CPU llama-server (every step but the build):
-#   GPU_CHECK_SERVER=$HOME/.cache/modelserve/llama-server-0.3.36/llama-server GPU_CHECK_DEVICE=CPU \
+#   GPU_CHECK_SERVER=$(bash testbed/build-llama-tool.sh llama-server | tail -n 1) GPU_CHECK_DEVICE=CPU \
 #     GPU_CHECK_FREE_MIB=81920 OUT=/tmp/gpu-check-out bash testbed/gpu-check.sh
 set -euo pipefail
 
