@@ -49,7 +49,7 @@ modelserve_image() {
   CC_x86_64_unknown_linux_musl=musl-gcc CC_aarch64_unknown_linux_musl=musl-gcc \
     cargo build --manifest-path "$root/Cargo.toml" --release --locked --target "$target" --bin modelserve >&2 \
     || fail "cargo build --target $target failed; see the output above"
-  local bin="$root/target/$target/release/modelserve"
+  local bin="${CARGO_TARGET_DIR:-$root/target}/$target/release/modelserve"
   # ldd fails on a static binary, and says so of a static PIE
   if ldd "$bin" >/dev/null 2>&1 && ! ldd "$bin" 2>&1 | grep -q 'statically linked'; then
     fail "$bin links shared libraries; a FROM scratch image needs it static"
