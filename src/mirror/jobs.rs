@@ -205,6 +205,7 @@ impl Mirror {
         for (b, reason) in &plan {
             self.delete(&mut jobs, b, *reason)?;
         }
+        self.collect_partials(&jobs, &refs)?;
         let gone: u64 = plan.iter().map(|(b, _)| b.size).sum();
         let reclaimable: u64 = candidates.iter().map(|(b, _)| b.size).sum::<u64>() - gone;
         self.metrics
@@ -216,6 +217,23 @@ impl Mirror {
             tracing::info!("{}", space::describe(&plan, self.space.grace));
         }
         Ok(plan)
+    }
+
+    /// Deletes the partial downloads nobody wants any more: not downloading, not referenced
+    /// (the live set, a recent request), and untouched for the grace. A failed download of a
+    /// file still referenced keeps its partial, so a retry resumes it.
+    fn collect_partials(&self, jobs: &Jobs, refs: &Refs) -> std::io::Result<()> {
+        let busy = jobs.busy();
+        let (now, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
+        for p in self.store.partials()? {
+            let idle = wall.duration_since(p.modified).unwrap_or_default();
+            if idle < self.space.grace || refs.referenced(&p.sha256, &busy, now, self.space.pin()) {
+                continue;
+            }
+            self.store.remove_partial(&p.sha256)?;
+            tracing::info!(sha256 = %p.sha256, bytes = p.size, "deleted an abandoned partial download");
+        }
+        Ok(())
     }
 
     /// Deletes a blob and forgets the jobs that found it present, so a later request for it
@@ -553,6 +571,44 @@ mod tests {
         left.sort();
         assert_eq!(left, ["ccc", "dddd"]);
         assert_eq!(jobs.by_sha.len(), 2);
+    }
+
+    #[test]
+    fn an_abandoned_partial_download_goes_and_one_still_referenced_stays_to_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (live, dead) = ("1".repeat(64), "2".repeat(64));
+        for sha in [&live, &dead] {
+            std::fs::write(store.partial(sha), b"abc").unwrap();
+            std::fs::write(store.partial(sha).with_extension("segments"), b"x").unwrap();
+        }
+        let space = SpaceArgs {
+            grace: std::time::Duration::ZERO,
+            request_pin: std::time::Duration::ZERO,
+            ..SpaceArgs::default()
+        };
+        let registry = crate::hub::RegistryArgs {
+            registry_endpoint: "http://127.0.0.1:9".into(),
+            registry_ca_bundle: None,
+        };
+        let m = Mirror::build(store.clone(), registry, Policy::default(), space).unwrap();
+        m.collect_once().unwrap();
+        assert_eq!(
+            store.partials().unwrap().len(),
+            2,
+            "nothing goes before the operator speaks"
+        );
+        m.tell_live([live.clone()].into());
+        m.collect_once().unwrap();
+        let left: Vec<String> = store
+            .partials()
+            .unwrap()
+            .into_iter()
+            .map(|b| b.sha256)
+            .collect();
+        assert_eq!(left, std::slice::from_ref(&live));
+        assert!(!store.partial(&dead).with_extension("segments").exists());
+        assert!(store.partial(&live).with_extension("segments").exists());
     }
 
     #[test]

@@ -173,7 +173,15 @@ impl Refs {
             .is_some_and(|(_, at)| now.saturating_duration_since(*at) > LIVE_SET_STALE)
     }
 
-    fn referenced(&self, sha: &str, busy: &HashSet<String>, now: Instant, pin: Duration) -> bool {
+    /// Whether `sha` is live, downloading, or asked for within `pin`; everything is while the
+    /// operator has not spoken, or its word is stale.
+    pub fn referenced(
+        &self,
+        sha: &str,
+        busy: &HashSet<String>,
+        now: Instant,
+        pin: Duration,
+    ) -> bool {
         let Some((live, _)) = &self.live else {
             return true;
         };

@@ -178,6 +178,43 @@ impl Store {
         Ok(total)
     }
 
+    /// The partial downloads: each one's sha256, bytes on disk and when it was last written.
+    pub fn partials(&self) -> io::Result<Vec<super::space::Blob>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".part")) else {
+                continue;
+            };
+            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let meta = entry.metadata()?;
+            if meta.is_file() {
+                out.push(super::space::Blob {
+                    sha256: sha.to_string(),
+                    size: meta.blocks().saturating_mul(512).min(meta.len()),
+                    modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes a partial download and its ledger.
+    pub fn remove_partial(&self, sha256: &str) -> io::Result<()> {
+        let part = self.partial(sha256);
+        for path in [part.with_extension("segments"), part] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes a blob and every name of it: the snapshot links that resolve to it in any
     /// repository and commit, the repositories' blob links, and `.by-sha256`. Folders left empty
     /// go too. Returns how many snapshot links pointed at it.
