@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
-use kube::api::Patch;
 
 use super::balance::InFlight;
 use super::events::ACTIVATED;
@@ -167,18 +166,7 @@ async fn activate(gw: &Gateway, model: &Model) -> Result<Activation, ApiError> {
             return shared;
         }
         before = scale.metadata.resource_version.clone();
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": scale.metadata.resource_version},
-            "spec": {"replicas": 1},
-        });
-        match api
-            .patch_scale(
-                &model.name,
-                &super::events::patch_params(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
+        match super::events::scale(&api, &model.name, scale.metadata.resource_version, 1).await {
             Ok(_) => break,
             Err(kube::Error::Api(e)) if e.code == 409 && tries < SCALE_TRIES => continue,
             Err(e) => return Err(failed(e)),

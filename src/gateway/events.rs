@@ -1,6 +1,7 @@
 //! Events the gateway writes on a ModelServe: one per activation (scale from 0 for a request)
 //! and one per scale-down to 0 after idleAfter, so `kubectl describe` tells when and why the
-//! model was loaded or unloaded.
+//! model was loaded or unloaded; and the writes that cause them: the conditional scale, under
+//! the gateway's field manager.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
@@ -85,4 +86,21 @@ pub fn patch_params() -> kube::api::PatchParams {
         field_manager: Some(GATEWAY.into()),
         ..Default::default()
     }
+}
+
+/// Sets the model's `spec.replicas` through the scale subresource, only if it is still at
+/// `resource_version` (a 409 otherwise): of two writers that read the same version, one wins.
+pub async fn scale(
+    api: &kube::Api<crate::api::ModelServe>,
+    name: &str,
+    resource_version: Option<String>,
+    replicas: i32,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "spec": {"replicas": replicas},
+    });
+    api.patch_scale(name, &patch_params(), &kube::api::Patch::Merge(&patch))
+        .await
+        .map(|_| ())
 }

@@ -163,18 +163,7 @@ async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration, up_since:
     if now - last < idle_after.as_secs_f64() {
         return;
     }
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": ms.metadata.resource_version},
-        "spec": {"replicas": 0},
-    });
-    match api
-        .patch_scale(
-            &model.name,
-            &super::events::patch_params(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    match super::events::scale(&api, &model.name, ms.metadata.resource_version.clone(), 0).await {
         Ok(_) => {}
         // Changed since it was read (a request time, a scale): decided again next time.
         Err(kube::Error::Api(e)) if e.code == 409 => return,

@@ -145,24 +145,7 @@ impl Store {
 
     /// Every verified blob (each content once), at most [`MAX_BLOBS`] of them.
     pub fn blobs(&self) -> io::Result<Vec<super::space::Blob>> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(self.root.join(".by-sha256"))?.take(MAX_BLOBS) {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(sha) = name.to_str() else { continue };
-            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-                continue;
-            }
-            let meta = entry.metadata()?;
-            if meta.is_file() {
-                out.push(super::space::Blob {
-                    sha256: sha.to_string(),
-                    size: meta.len(),
-                    modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
-                });
-            }
-        }
-        Ok(out)
+        self.list(".by-sha256", "", |m| m.len())
     }
 
     /// Bytes the partial downloads hold on disk now.
@@ -181,11 +164,24 @@ impl Store {
     /// The partial downloads: each one's sha256, bytes on disk and when it was last written.
     pub fn partials(&self) -> io::Result<Vec<super::space::Blob>> {
         use std::os::unix::fs::MetadataExt;
+        self.list(".incomplete", ".part", |m| {
+            m.blocks().saturating_mul(512).min(m.len())
+        })
+    }
+
+    /// The files of `folder` named by a sha256 and `suffix`, at most [`MAX_BLOBS`], each with
+    /// the size `size` gives and when it was last written.
+    fn list(
+        &self,
+        folder: &str,
+        suffix: &str,
+        size: impl Fn(&std::fs::Metadata) -> u64,
+    ) -> io::Result<Vec<super::space::Blob>> {
         let mut out = Vec::new();
-        for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
+        for entry in std::fs::read_dir(self.root.join(folder))?.take(MAX_BLOBS) {
             let entry = entry?;
             let name = entry.file_name();
-            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(".part")) else {
+            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(suffix)) else {
                 continue;
             };
             if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -195,7 +191,7 @@ impl Store {
             if meta.is_file() {
                 out.push(super::space::Blob {
                     sha256: sha.to_string(),
-                    size: meta.blocks().saturating_mul(512).min(meta.len()),
+                    size: size(&meta),
                     modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
                 });
             }
