@@ -49,6 +49,20 @@ impl Publisher {
     }
 }
 
+/// The metadata of an Event about `object` at `now`: in its namespace, named uniquely per object
+/// and instant, as kubectl and client-go name Events.
+pub fn metadata(object: &ObjectReference, now: Timestamp) -> ObjectMeta {
+    ObjectMeta {
+        namespace: object.namespace.clone(),
+        name: Some(format!(
+            "{}.{:x}",
+            object.name.as_deref().unwrap_or("modelserve"),
+            now.as_nanosecond()
+        )),
+        ..Default::default()
+    }
+}
+
 /// The Event of transition `t` of `object` at `now`.
 pub fn event(object: &ObjectReference, t: &Transition, instance: &str, now: Timestamp) -> Event {
     let from = t.from.as_deref().unwrap_or("unset");
@@ -59,16 +73,7 @@ pub fn event(object: &ObjectReference, t: &Transition, instance: &str, now: Time
         note: Some(conditions::truncate(&note, NOTE_BYTES)),
         event_time: Some(MicroTime(now)),
         regarding: Some(object.clone()),
-        metadata: ObjectMeta {
-            namespace: object.namespace.clone(),
-            // Unique per object and instant, as kubectl and client-go name Events.
-            name: Some(format!(
-                "{}.{:x}",
-                object.name.as_deref().unwrap_or("modelserve"),
-                now.as_nanosecond()
-            )),
-            ..Default::default()
-        },
+        metadata: metadata(object, now),
         reporting_controller: Some(FIELD_MANAGER.to_string()),
         reporting_instance: Some(instance.to_string()),
         type_: Some(if t.warning { "Warning" } else { "Normal" }.to_string()),

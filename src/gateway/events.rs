@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use kube::{Api, Client, Resource};
@@ -64,15 +64,7 @@ pub fn event(
         note: Some(crate::conditions::truncate(note, 1000)),
         event_time: Some(MicroTime(now)),
         regarding: Some(object.clone()),
-        metadata: ObjectMeta {
-            namespace: object.namespace.clone(),
-            name: Some(format!(
-                "{}.{:x}",
-                object.name.as_deref().unwrap_or("modelserve"),
-                now.as_nanosecond()
-            )),
-            ..Default::default()
-        },
+        metadata: crate::controller::events::metadata(object, now),
         reporting_controller: Some(GATEWAY.into()),
         reporting_instance: Some(instance.into()),
         type_: Some("Normal".into()),

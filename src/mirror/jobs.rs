@@ -162,25 +162,21 @@ impl Mirror {
         tracing::debug!(blobs = n, "the operator told the live set");
     }
 
-    /// The unreferenced blobs, oldest first, and the sha256 of those downloading now.
+    /// The unreferenced ones of `blobs` (the store's listing), oldest first; `busy` are the
+    /// sha256 downloading now.
     fn candidates(
         &self,
-        jobs: &Jobs,
+        blobs: &[space::Blob],
+        busy: &std::collections::HashSet<String>,
         refs: &mut Refs,
-    ) -> std::io::Result<Vec<(space::Blob, std::time::Duration)>> {
-        let blobs = self.store.blobs()?;
-        Ok(refs.unreferenced(
-            &blobs,
-            &jobs.busy(),
-            std::time::Instant::now(),
-            self.space.pin(),
-        ))
+    ) -> Vec<(space::Blob, std::time::Duration)> {
+        refs.unreferenced(blobs, busy, std::time::Instant::now(), self.space.pin())
     }
 
-    /// The volume now: the filesystem's figures, the store's own bytes against a capacity.
-    fn volume(&self) -> std::io::Result<(space::Volume, u64)> {
+    /// The volume now: the filesystem's figures, the store's own bytes (`blobs`, its listing,
+    /// and the partial downloads) against a capacity.
+    fn volume(&self, blobs: &[space::Blob]) -> std::io::Result<(space::Volume, u64)> {
         let (total, free) = self.store.filesystem()?;
-        let blobs = self.store.blobs()?;
         let stored: u64 = blobs.iter().map(|b| b.size).sum();
         let bytes = stored.saturating_add(self.store.partial_bytes()?);
         Ok((
@@ -193,19 +189,21 @@ impl Mirror {
     pub fn collect_once(&self) -> std::io::Result<Vec<(space::Blob, space::Reason)>> {
         let mut jobs = lock(&self.jobs);
         let mut refs = lock(&self.refs);
-        let (volume, bytes) = self.volume()?;
+        let blobs = self.store.blobs()?;
+        let busy = jobs.busy();
+        let (volume, bytes) = self.volume(&blobs)?;
         if refs.stale(std::time::Instant::now()) {
             tracing::warn!(
                 "the operator's live set is older than {}: nothing is deleted until it sends one again",
                 crate::units::human_duration(space::LIVE_SET_STALE)
             );
         }
-        let candidates = self.candidates(&jobs, &mut refs)?;
+        let candidates = self.candidates(&blobs, &busy, &mut refs);
         let plan = space::plan(&candidates, volume, &self.space);
         for (b, reason) in &plan {
             self.delete(&mut jobs, b, *reason)?;
         }
-        self.collect_partials(&jobs, &refs)?;
+        self.collect_partials(&busy, &refs)?;
         let gone: u64 = plan.iter().map(|(b, _)| b.size).sum();
         let reclaimable: u64 = candidates.iter().map(|(b, _)| b.size).sum::<u64>() - gone;
         self.metrics
@@ -222,12 +220,15 @@ impl Mirror {
     /// Deletes the partial downloads nobody wants any more: not downloading, not referenced
     /// (the live set, a recent request), and untouched for the grace. A failed download of a
     /// file still referenced keeps its partial, so a retry resumes it.
-    fn collect_partials(&self, jobs: &Jobs, refs: &Refs) -> std::io::Result<()> {
-        let busy = jobs.busy();
+    fn collect_partials(
+        &self,
+        busy: &std::collections::HashSet<String>,
+        refs: &Refs,
+    ) -> std::io::Result<()> {
         let (now, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
         for p in self.store.partials()? {
             let idle = wall.duration_since(p.modified).unwrap_or_default();
-            if idle < self.space.grace || refs.referenced(&p.sha256, &busy, now, self.space.pin()) {
+            if idle < self.space.grace || refs.referenced(&p.sha256, busy, now, self.space.pin()) {
                 continue;
             }
             self.store.remove_partial(&p.sha256)?;
@@ -275,12 +276,13 @@ impl Mirror {
             return Ok(());
         }
         let reserved = jobs.reserved();
-        let (volume, _) = self.volume().map_err(disk)?;
+        let blobs = self.store.blobs().map_err(disk)?;
+        let (volume, _) = self.volume(&blobs).map_err(disk)?;
         let room = volume.available.saturating_sub(reserved);
         if needed <= room {
             return Ok(());
         }
-        let candidates = self.candidates(jobs, &mut refs).map_err(disk)?;
+        let candidates = self.candidates(&blobs, &busy, &mut refs);
         match space::make_room(&candidates, needed - room) {
             Some(blobs) => {
                 for b in &blobs {
@@ -464,10 +466,13 @@ async fn collect(mirror: std::sync::Weak<Mirror>, interval: std::time::Duration)
                 m.collect_once().map(|_| ())
             } else {
                 // Nothing goes before the operator has spoken; the figures are kept current.
-                m.volume().map(|(v, bytes)| {
-                    m.metrics.store_bytes.set(gauge(bytes));
-                    m.metrics.capacity_bytes.set(gauge(v.total));
-                })
+                m.store
+                    .blobs()
+                    .and_then(|b| m.volume(&b))
+                    .map(|(v, bytes)| {
+                        m.metrics.store_bytes.set(gauge(bytes));
+                        m.metrics.capacity_bytes.set(gauge(v.total));
+                    })
             }
         })
         .await;
