@@ -10,13 +10,20 @@
 //!
 //! Goals (issue 16): p50 overhead <= 1 ms; throughput >= 0.95x direct at 32 streams.
 //!
+//! As in a cluster, where the gateway's pod does not run on the model's CPUs, the engine is
+//! pinned to CPUs of its own and wrk and the gateway to the others (bench_gateway/cpus.rs);
+//! `--share` runs all three on every CPU, which measures how much CPU the gateway takes from an
+//! engine on the same cores.
+//!
 //! It needs the running test bed (`scripts/testbed up`) and wrk (`apt-get install wrk`). It
 //! builds what it runs, starts the fake Hub, the mirror, an operator, pod-runner (which runs a
 //! real llama-server with 32 slots at the pod IP) and a gateway in a namespace of its own, and
 //! removes all of it at the end, on failure and on Ctrl-C too.
 //!
-//!   cargo run --release --example gateway-bench -- [--secs 15] [--rounds 2] [--max-tokens 16]
+//!   cargo run --release --example gateway-bench -- [--secs 15] [--rounds 2] [--max-tokens 16] [--share]
 
+#[path = "bench_gateway/cpus.rs"]
+mod cpus;
 #[path = "../tests/support/models.rs"]
 mod models;
 #[path = "bench_scale/procs.rs"]
@@ -50,6 +57,9 @@ struct Args {
     /// Use the binaries as built, without running cargo build.
     #[arg(long)]
     no_build: bool,
+    /// Run the engine, wrk and the gateway on every CPU instead of the engine on CPUs of its own.
+    #[arg(long)]
+    share: bool,
 }
 
 /// Everything started, so it can be stopped whatever happens.
@@ -134,6 +144,18 @@ async fn run(args: &Args, slot: &mut Option<Bed>) -> Result<(), String> {
         build()?;
     }
     let (modelserve, hub_bin) = procs::binaries()?;
+    // Pinned before anything starts, so every process started from here (and its threads)
+    // runs on the CPUs that are not the engine's; the engine is moved to its own once up.
+    let split = if args.share {
+        None
+    } else {
+        let split = cpus::Split::of(&cpus::available()?);
+        match &split {
+            Some(s) => cpus::pin(std::process::id(), &s.rest)?,
+            None => eprintln!("one CPU: the engine, wrk and the gateway share it"),
+        }
+        split
+    };
     let pod_runner = hub_bin.with_file_name("pod-runner");
     let llama = llama_server()?;
     let crd = procs::repo_root().join("crds/modelserve.yaml");
@@ -269,13 +291,19 @@ async fn run(args: &Args, slot: &mut Option<Bed>) -> Result<(), String> {
             "modelserve.dev/gateway-key=true",
         ])
         .await?;
-    // 32 slots of 512 tokens: each of the 32 streams has a slot of its own.
-    let model = serde_json::json!({
+    // 32 slots of 512 tokens: each of the 32 streams has a slot of its own. Pinned, the engine
+    // runs one thread per CPU of its own, as with a CPU request of that many.
+    let mut model = serde_json::json!({
         "apiVersion": "modelserve.dev/v1alpha1", "kind": "ModelServe",
         "metadata": {"name": "bench", "namespace": namespace},
         "spec": {"repo": "modelserve-demo/llama-tiny-f16-GGUF", "quant": "F16", "servedName": "bench",
                  "contextSize": 512 * SLOTS, "contextLength": 512},
     });
+    if let Some(s) = &split {
+        let n = s.engine.len().to_string();
+        model["spec"]["engine"] =
+            serde_json::json!({"extraArgs": ["--threads", n, "--threads-batch", n]});
+    }
     let file = dir.join("model.json");
     std::fs::write(&file, model.to_string()).map_err(|e| e.to_string())?;
     bed.testbed
@@ -327,6 +355,26 @@ async fn run(args: &Args, slot: &mut Option<Bed>) -> Result<(), String> {
         .last()
         .and_then(Proc::pid)
         .ok_or("the gateway has no PID")?;
+    let placement = match &split {
+        Some(s) => {
+            let runner = bed
+                .procs
+                .iter()
+                .find(|p| p.name == "pod-runner")
+                .and_then(Proc::pid)
+                .ok_or("pod-runner has no PID")?;
+            let engines = cpus::descendants_named(runner, "llama-server");
+            let [engine] = engines.as_slice() else {
+                return Err(format!(
+                    "expected one llama-server under pod-runner, found {engines:?}"
+                ));
+            };
+            cpus::pin(*engine, &s.engine)?;
+            s.describe()
+        }
+        None => "the engine, wrk and the gateway on every CPU (--share)".to_string(),
+    };
+    eprintln!("{placement}");
 
     // Whole answers, not SSE: llama-server ends each stream in a way wrk takes for a broken
     // connection and reconnects, which would measure wrk. The gateway's path is the same for
@@ -389,6 +437,7 @@ async fn run(args: &Args, slot: &mut Option<Bed>) -> Result<(), String> {
             cpu,
             (peak, now),
             started.elapsed(),
+            &placement,
             args
         )
     );

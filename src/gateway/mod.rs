@@ -31,6 +31,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 
 use crate::units::parse_duration;
 
@@ -195,6 +196,13 @@ pub async fn run(config: Config) -> Result<(), String> {
         .route("/readyz", get(readyz))
         .with_state(gw.clone());
     tokio::spawn(async move { axum::serve(health, health_app).await });
+    // An answer goes out as the replica sends it, often in small pieces (SSE chunks): without
+    // TCP_NODELAY the kernel would hold a piece back until the client acknowledged the last.
+    let api = api.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+        }
+    });
     axum::serve(api, proxy::router(gw))
         .await
         .map_err(|e| e.to_string())

@@ -48,6 +48,9 @@ impl Target {
         let out = Command::new("wrk")
             .args(["-t", &threads.to_string(), "-c", &connections.to_string()])
             .args(["-d", &format!("{}s", time.as_secs().max(1)), "--latency"])
+            // A request is a timeout only after 30 s (wrk's default is 2 s): on a busy machine
+            // a slow answer is a latency to report, not a failed request.
+            .args(["--timeout", "30s"])
             .arg("-s")
             .arg(&self.script)
             .arg(&self.url)
@@ -180,10 +183,11 @@ pub fn report(
     cpu: f64,
     (peak, now): (u64, u64),
     took: Duration,
+    placement: &str,
     args: &super::Args,
 ) -> String {
     let mut out = format!(
-        "\ngateway-bench: chat completions of {} tokens, {} s per run, median of {} rounds (direct and gateway alternating), {:.0} s in all\n\n",
+        "\ngateway-bench: chat completions of {} tokens, {} s per run, median of {} rounds (direct and gateway alternating), {:.0} s in all; {placement}\n\n",
         args.max_tokens,
         args.secs,
         args.rounds,
