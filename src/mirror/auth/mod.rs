@@ -44,6 +44,10 @@ const REMEMBER_REFUSED: Duration = Duration::from_secs(10);
 const MOST_REMEMBERED: usize = 4096;
 /// The longest one TokenReview may take.
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+/// TokenReviews in flight at most: a flood of requests with tokens never seen (each its own
+/// review) waits for these instead of sending the API server one request each. A request that
+/// cannot start its review within REVIEW_TIMEOUT gets a 503 with Retry-After.
+const MOST_REVIEWS: usize = 16;
 /// The most characters of the API server's words quoted in a refusal.
 const QUOTED: usize = 300;
 
@@ -280,6 +284,7 @@ pub struct Checker {
     models: reflector::Store<ModelServe>,
     synced: Arc<AtomicBool>,
     reviews: Mutex<HashMap<[u8; 32], Remembered>>,
+    reviewing: tokio::sync::Semaphore,
 }
 
 impl Checker {
@@ -326,6 +331,7 @@ impl Checker {
             models,
             synced,
             reviews: Mutex::default(),
+            reviewing: tokio::sync::Semaphore::new(MOST_REVIEWS),
         })
     }
 
@@ -333,10 +339,21 @@ impl Checker {
     async fn caller(&self, headers: &HeaderMap) -> Result<Caller, Refusal> {
         let token = bearer(headers, &self.audience)?;
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        if let Some((until, verdict)) = self.lock().get(&key)
-            && Instant::now() < *until
-        {
-            return verdict.clone();
+        if let Some(verdict) = self.remembered(&key) {
+            return verdict;
+        }
+        let _permit = tokio::time::timeout(REVIEW_TIMEOUT, self.reviewing.acquire())
+            .await
+            .map_err(|_| {
+                Refusal::unavailable(format!(
+                    "cannot check the token yet: {MOST_REVIEWS} TokenReviews are in flight and none ended within {}s",
+                    REVIEW_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(|_| Refusal::unavailable("the mirror is stopping".into()))?;
+        // The same token may have been reviewed while this request waited.
+        if let Some(verdict) = self.remembered(&key) {
+            return verdict;
         }
         let verdict = self.review(token).await;
         let keep = match &verdict {
@@ -432,7 +449,17 @@ impl Checker {
         )))
     }
 
+    fn remembered(&self, key: &[u8; 32]) -> Option<Result<Caller, Refusal>> {
+        self.lock()
+            .get(key)
+            .filter(|(until, _)| Instant::now() < *until)
+            .map(|(_, verdict)| verdict.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Remembered>> {
         self.reviews.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+#[cfg(test)]
+mod tests;
