@@ -68,12 +68,15 @@ impl Jobs {
         self.by_sha.retain(|_, p| keep(p));
     }
 
-    /// The content downloading or queued now.
+    /// The content downloading, queued, or waiting to be linked now: a file that follows another
+    /// download of the same content is linked after that one is present, so its content is
+    /// busy until then too, or the collector could delete the blob in between.
     fn busy(&self) -> std::collections::HashSet<String> {
         self.by_sha
-            .iter()
-            .filter(|(_, p)| !matches!(p.state(), State::Present | State::Failed))
-            .map(|(sha, _)| sha.clone())
+            .values()
+            .chain(self.files.values())
+            .filter(|p| !matches!(p.state(), State::Present | State::Failed))
+            .map(|p| p.file.sha256.clone())
             .collect()
     }
 

@@ -45,6 +45,25 @@ fn pruning_forgets_present_files_and_old_failures_but_keeps_what_runs() {
 }
 
 #[test]
+fn content_is_busy_until_the_file_that_follows_its_download_is_linked() {
+    let mut jobs = Jobs::default();
+    // The leader has landed; the follower (same content, another name) links it next.
+    let leader = progress("x", State::Present);
+    let follower = Arc::new(Progress::new(FileRef {
+        path: "y".into(),
+        ..leader.file.clone()
+    }));
+    follower.set(State::Downloading);
+    jobs.files.insert(key(&leader.file), leader.clone());
+    jobs.files.insert(key(&follower.file), follower.clone());
+    jobs.by_sha
+        .insert(leader.file.sha256.clone(), leader.clone());
+    assert!(jobs.busy().contains(&leader.file.sha256));
+    follower.set(State::Present);
+    assert!(jobs.busy().is_empty());
+}
+
+#[test]
 fn an_abandoned_partial_download_goes_and_one_still_referenced_stays_to_resume() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
