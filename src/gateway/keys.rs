@@ -56,6 +56,20 @@ impl Scope {
                 .is_none_or(|m| names.iter().any(|n| m.contains(n)))
     }
 
+    /// What both `self` and `other` allow, named after both Secrets.
+    fn narrowed(&self, other: Scope) -> Scope {
+        let both = |a: &Option<BTreeSet<String>>, b: Option<BTreeSet<String>>| match (a, b) {
+            (None, b) => b,
+            (Some(a), None) => Some(a.clone()),
+            (Some(a), Some(b)) => Some(a.intersection(&b).cloned().collect()),
+        };
+        Scope {
+            name: format!("{}+{}", self.name, other.name),
+            namespaces: both(&self.namespaces, other.namespaces),
+            models: both(&self.models, other.models),
+        }
+    }
+
     /// The limits as a sentence, for a 403.
     pub fn describe(&self) -> String {
         let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
@@ -74,17 +88,31 @@ pub struct KeyTable {
     by_hash: HashMap<[u8; 32], Scope>,
     /// Secrets that carry the label but no usable key, and why: logged once per rebuild.
     pub invalid: Vec<(String, String)>,
+    /// Secrets that hold the same key as an earlier one (by name), and which: logged too.
+    pub shared: Vec<(String, String)>,
 }
 
 impl KeyTable {
     /// The table of `secrets` (those with the label).
+    /// The same key in several Secrets may use only what all of them allow (a copy left behind
+    /// never widens a key that was narrowed), whatever order the Secrets are listed in.
     pub fn build<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> KeyTable {
         let mut t = KeyTable::default();
+        let mut secrets: Vec<&Secret> = secrets.into_iter().collect();
+        secrets.sort_by_key(|s| s.name_any());
         for s in secrets {
             match parse(s) {
                 Ok((key, scope)) => {
-                    t.by_hash
-                        .insert(Sha256::digest(key.as_bytes()).into(), scope);
+                    let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+                    match t.by_hash.get_mut(&hash) {
+                        Some(first) => {
+                            t.shared.push((scope.name.clone(), first.name.clone()));
+                            *first = first.narrowed(scope);
+                        }
+                        None => {
+                            t.by_hash.insert(hash, scope);
+                        }
+                    }
                 }
                 Err(why) => t.invalid.push((s.name_any(), why)),
             }
@@ -266,9 +294,42 @@ mod tests {
             ),
         ]);
         assert!(t.is_empty());
-        let why: Vec<&str> = t.invalid.iter().map(|(_, w)| w.as_str()).collect();
-        assert!(why[0].contains("no data.key"), "{why:?}");
-        assert!(why[1].contains("16 to 4096"), "{why:?}");
-        assert!(why[2].contains("data.models"), "{why:?}");
+        let why = |name: &str| {
+            t.invalid
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, w)| w.clone())
+                .unwrap()
+        };
+        assert!(why("none").contains("no data.key"), "{:?}", t.invalid);
+        assert!(why("short").contains("16 to 4096"), "{:?}", t.invalid);
+        assert!(why("empty-list").contains("data.models"), "{:?}", t.invalid);
+    }
+
+    #[test]
+    fn a_key_in_two_secrets_may_use_only_what_both_allow_in_any_order() {
+        let key = "sk-0123456789abcdef";
+        let wide = secret("a-wide", &[("key", key)]);
+        let narrow = secret("b-narrow", &[("key", key), ("namespaces", "team-a,team-b")]);
+        let narrower = secret("c-narrower", &[("key", key), ("namespaces", "team-b")]);
+        for order in [
+            [&wide, &narrow, &narrower],
+            [&narrower, &wide, &narrow],
+            [&narrow, &narrower, &wide],
+        ] {
+            let t = KeyTable::build(order);
+            assert_eq!(t.len(), 1);
+            let s = t.authenticate(&with_key(key)).unwrap();
+            assert!(s.allows_namespace("team-b"));
+            assert!(!s.allows_namespace("team-a"), "{s:?}");
+            assert_eq!(s.name, "a-wide+b-narrow+c-narrower");
+            assert_eq!(
+                t.shared,
+                [
+                    ("b-narrow".to_string(), "a-wide".to_string()),
+                    ("c-narrower".to_string(), "a-wide+b-narrow".to_string())
+                ]
+            );
+        }
     }
 }

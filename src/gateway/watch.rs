@@ -124,6 +124,9 @@ pub fn start(client: &Client, namespace: Option<&str>, keys_namespace: &str) -> 
             for (name, why) in &table.invalid {
                 tracing::warn!(secret = %name, %why, "a gateway key Secret is not used");
             }
+            for (name, first) in &table.shared {
+                tracing::warn!(secret = %name, same_as = %first, "a gateway key is in more than one Secret: it may use only what all of them allow");
+            }
             tracing::info!(keys = table.len(), "gateway keys read");
             v.keys.set(table)
         },
