@@ -108,7 +108,7 @@ pub struct Activation {
 
 fn pick(gw: &Gateway, model: &Model) -> Option<(Replica, InFlight)> {
     gw.balancer
-        .pick(gw.views.replicas.get().of(&model.key()), &[])
+        .pick(gw.views.replicas.get().of(model.key()), &[])
 }
 
 /// The model as the gateway sees it now.
@@ -116,13 +116,13 @@ fn latest(gw: &Gateway, model: &Model) -> Arc<ModelServe> {
     gw.views
         .models
         .get()
-        .get(&model.key())
+        .get(model.key())
         .map_or_else(|| model.object.clone(), |m| m.object.clone())
 }
 
 /// Scales the model from 0 to 1 unless it is not at 0 any more.
 async fn activate(gw: &Gateway, model: &Model) -> Result<Activation, ApiError> {
-    let lock = gw.activations.lock_of(&model.key());
+    let lock = gw.activations.lock_of(model.key());
     let mut last = lock.lock().await;
     if let Some(l) = last.as_ref()
         && l.when.elapsed() < gw.config.activation_timeout

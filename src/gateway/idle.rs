@@ -50,13 +50,13 @@ pub fn touch(gw: &Gateway, model: &Model) {
     let every = heartbeat(&model.object);
     {
         let mut w = gw.idle.written.lock().unwrap_or_else(|e| e.into_inner());
-        if w.get(&model.key()).is_some_and(|t| t.elapsed() < every) {
+        if w.get(model.key()).is_some_and(|t| t.elapsed() < every) {
             return;
         }
         if w.len() > 4096 {
             w.retain(|_, t| t.elapsed() < Duration::from_secs(600));
         }
-        w.insert(model.key(), Instant::now());
+        w.insert(model.key().to_string(), Instant::now());
     }
     record(gw, model, Mark::Request(Time(Timestamp::now())));
 }
@@ -115,7 +115,7 @@ pub async fn run(gw: Arc<Gateway>) {
         let idx = gw.views.models.get();
         let now = seconds(Timestamp::now());
         for m in idx.all() {
-            let seen = gw.demand.seen(&m.key());
+            let seen = gw.demand.seen(m.key());
             if seen.is_some_and(|s| s.in_flight > 0) {
                 touch(&gw, m);
             }
@@ -124,10 +124,10 @@ pub async fn run(gw: Arc<Gateway>) {
                 continue;
             };
             if m.object.spec.replicas == 0 {
-                up_since.remove(&m.key());
+                up_since.remove(m.key());
                 continue;
             }
-            let since = *up_since.entry(m.key()).or_insert(now);
+            let since = *up_since.entry(m.key().to_string()).or_insert(now);
             if seen.is_some_and(|s| s.in_flight > 0) {
                 continue;
             }
@@ -155,7 +155,7 @@ async fn scale_down(gw: &Gateway, model: &Model, idle_after: Duration, up_since:
         }
     };
     let now = seconds(Timestamp::now());
-    let seen = gw.demand.seen(&model.key());
+    let seen = gw.demand.seen(model.key());
     if ms.spec.replicas == 0 || seen.is_some_and(|s| s.in_flight > 0) {
         return;
     }

@@ -169,7 +169,7 @@ async fn handle(
         Ok(m) => m,
         Err(e) => return gw.refuse(None, e),
     };
-    let asking = gw.demand.begin(&model.key());
+    let asking = gw.demand.begin(model.key());
     idle::touch(&gw, &model);
     let key_name = format!("{}/{}", model.namespace, secret_name(&model.object));
     let Some(engine_key) = gw.views.engine_keys.get().get(&key_name).cloned() else {
@@ -197,7 +197,7 @@ async fn handle(
         let skip: Vec<&str> = refused.iter().map(String::as_str).collect();
         let other = gw
             .balancer
-            .pick(gw.views.replicas.get().of(&model.key()), &skip);
+            .pick(gw.views.replicas.get().of(model.key()), &skip);
         let (replica, in_flight) = match other {
             Some(r) => r,
             None => match activate::replica(&gw, &model, started).await {
@@ -385,7 +385,7 @@ async fn models(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_second());
-        let ready = !replicas.of(&m.key()).is_empty();
+        let ready = !replicas.of(m.key()).is_empty();
         for name in &m.names {
             data.push(serde_json::json!({
                 "id": name,

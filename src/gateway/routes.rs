@@ -27,12 +27,14 @@ pub struct Model {
     /// Every name it answers to, the served name first.
     pub names: Vec<String>,
     pub object: Arc<ModelServe>,
+    /// `namespace/name`, made once.
+    key: String,
 }
 
 impl Model {
     /// `namespace/name`, the key of the model's state in the gateway.
-    pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     pub fn served(&self) -> &str {
@@ -45,9 +47,9 @@ impl Model {
 /// Every model by each name it answers to.
 #[derive(Default)]
 pub struct ModelIndex {
-    by_name: HashMap<String, Vec<Model>>,
-    by_key: HashMap<String, Model>,
-    all: Vec<Model>,
+    by_name: HashMap<String, Vec<Arc<Model>>>,
+    by_key: HashMap<String, Arc<Model>>,
+    all: Vec<Arc<Model>>,
 }
 
 impl ModelIndex {
@@ -57,16 +59,18 @@ impl ModelIndex {
             if ms.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            let m = Model {
-                namespace: ms.namespace().unwrap_or_default(),
-                name: ms.name_any(),
+            let (namespace, name) = (ms.namespace().unwrap_or_default(), ms.name_any());
+            let m = Arc::new(Model {
+                key: format!("{namespace}/{name}"),
+                namespace,
+                name,
                 names: model_names(ms),
                 object: ms.clone(),
-            };
+            });
             for n in &m.names {
                 idx.by_name.entry(n.clone()).or_default().push(m.clone());
             }
-            idx.by_key.insert(m.key(), m.clone());
+            idx.by_key.insert(m.key.clone(), m.clone());
             idx.all.push(m);
         }
         idx
@@ -74,11 +78,11 @@ impl ModelIndex {
 
     /// The model with key `namespace/name`.
     pub fn get(&self, key: &str) -> Option<&Model> {
-        self.by_key.get(key)
+        self.by_key.get(key).map(|m| &**m)
     }
 
     /// Every model.
-    pub fn all(&self) -> &[Model] {
+    pub fn all(&self) -> &[Arc<Model>] {
         &self.all
     }
 
@@ -86,23 +90,24 @@ impl ModelIndex {
     pub fn visible<'a>(&'a self, scope: &'a Scope) -> impl Iterator<Item = &'a Model> {
         self.all
             .iter()
+            .map(|m| &**m)
             .filter(|m| scope.allows(&m.namespace, &m.names))
     }
 
     /// The model `requested` names for `scope`, or the answer that says why there is none.
-    pub fn find(&self, requested: &str, scope: &Scope) -> Result<Model, ApiError> {
+    pub fn find(&self, requested: &str, scope: &Scope) -> Result<Arc<Model>, ApiError> {
         let (namespace, name) = match requested.split_once('/') {
             Some((ns, n)) => (Some(ns), n),
             None => (None, requested),
         };
-        let candidates: Vec<&Model> = self
+        let candidates: Vec<&Arc<Model>> = self
             .by_name
             .get(name)
             .into_iter()
             .flatten()
             .filter(|m| namespace.is_none_or(|ns| m.namespace == ns))
             .collect();
-        let allowed: Vec<&Model> = candidates
+        let allowed: Vec<&Arc<Model>> = candidates
             .iter()
             .copied()
             .filter(|m| scope.allows(&m.namespace, &m.names))
