@@ -12,16 +12,17 @@ mod arch;
 mod basis;
 pub mod engine;
 pub mod repack;
+mod ssm;
 #[cfg(test)]
 mod tests;
 
 use super::bounds::{
     BLOCK_COUNT, BoundsError, EMBEDDING, EXPERT_COUNT, EXPERT_FEED_FORWARD, EXPERT_SHARED,
-    EXPERT_USED, FEED_FORWARD, FULL_ATTENTION_INTERVAL, HEAD_COUNT, HEAD_COUNT_KV, KDA_HEAD_DIM,
-    KEY_LENGTH, KEY_LENGTH_MLA, KEY_LENGTH_SWA, KV_LORA_RANK, LEADING_DENSE, MAX_CTX_SIZE,
-    MAX_ESTIMATE, MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SHORTCONV_CACHE,
-    SLIDING_WINDOW, SLIDING_WINDOW_PATTERN, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER,
-    SSM_STATE, TOKEN_SHIFT, VALUE_LENGTH, VALUE_LENGTH_SWA, WKV_HEAD_SIZE,
+    EXPERT_USED, FEED_FORWARD, FULL_ATTENTION_INTERVAL, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH,
+    KEY_LENGTH_MLA, KEY_LENGTH_SWA, KV_LORA_RANK, LEADING_DENSE, MAX_CTX_SIZE, MAX_ESTIMATE,
+    MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SLIDING_WINDOW,
+    SLIDING_WINDOW_PATTERN, SSM_DT_RANK, SSM_GROUPS, SSM_INNER, SSM_STATE, VALUE_LENGTH,
+    VALUE_LENGTH_SWA,
 };
 use super::header::{Header, TensorInfo};
 use super::hparams::{self, Hp};
@@ -29,6 +30,8 @@ use super::support::ggml_type;
 use crate::units::human_bytes;
 use arch::{HYBRID_BY_INTERVAL, HYBRID_BY_KV0, NO_KV, RECURRENT, SCALED_EMBEDDINGS, swa_defaults};
 use basis::{engine_basis, repack_basis};
+pub(crate) use ssm::Scan;
+use ssm::{recurrent_state, scan};
 
 const KV_ELEMENT_BYTES: u128 = 2; // f16, llama-server's default cache type
 const STATE_ELEMENT_BYTES: u128 = 4; // recurrent state is always f32
@@ -181,6 +184,16 @@ pub(crate) struct Parts {
     pub scaled: u64,
     /// The residual rows of the reserved outputs (n_embd f32 each).
     pub out_rows: u64,
+    /// A mamba2 layer's rows on a device.
+    pub scan: Scan,
+    /// A MoE block's tail (the weighted sum of its experts and the residual add) has no
+    /// weight, so where the host's last block is one, the first device after it runs the tail:
+    /// its split starts with that block's expert outputs and residual, below the masks; the
+    /// next block's gate rows then land below the masks and its up rows above, and its
+    /// down projection, finding no place, above them. Those rows, without the masks.
+    pub moe_tail: u64,
+    /// The leading blocks of a MoE model whose FFN is dense.
+    pub dense_lead: u64,
 }
 
 /// The attention mask a layer reads.
@@ -398,6 +411,13 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     };
     let masks = mask_full + mask_window;
     let residual = ubatch * n_embd_w * 4;
+    let used = u(&EXPERT_USED);
+    let expert_rows = used * u(&EXPERT_FEED_FORWARD) * ubatch * 4;
+    let moe_tail = if experts > 0 {
+        (2 * used + 1) * residual + 2 * expert_rows
+    } else {
+        0
+    };
     let scaled = if SCALED_EMBEDDINGS.contains(&arch) {
         residual
     } else {
@@ -499,6 +519,9 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         residual: bytes(residual),
         scaled: bytes(scaled),
         out_rows: bytes(out_rows),
+        moe_tail: bytes(moe_tail),
+        dense_lead: bytes(u(&LEADING_DENSE)),
+        scan: scan(&hp, ubatch, parallel),
     }
 }
 
@@ -519,35 +542,6 @@ fn weights(h: &Header) -> (u128, bool) {
 /// build of the table does not know.
 pub(crate) fn tensor_bytes(t: &TensorInfo) -> Option<u64> {
     ggml_type(t.ggml_type).map(|ty| ty.bytes(t.elements().min(MAX_TENSOR_ELEMENTS)))
-}
-
-/// f32 elements of one recurrent layer's state for one sequence (R + S).
-fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
-    let u = |p| hp.u(p).map_or(0, u128::from);
-    match hp.arch {
-        "rwkv6" | "rwkv6qwen2" | "rwkv7" | "arwkv7" => {
-            hp.u(&TOKEN_SHIFT).map_or(2, u128::from) * n_embd + n_embd * u(&WKV_HEAD_SIZE)
-        }
-        "lfm2" | "lfm2moe" => {
-            n_embd
-                * hp.u(&SHORTCONV_CACHE)
-                    .map_or(1, u128::from)
-                    .saturating_sub(1)
-        }
-        "kimi-linear" | "kimi-k3" | "bailingmoe3" => {
-            let (d_conv, n_head, dim) = (u(&SSM_CONV_KERNEL), u(&HEAD_COUNT), u(&KDA_HEAD_DIM));
-            3 * d_conv.saturating_sub(1) * n_head * dim + dim * dim * n_head
-        }
-        _ => {
-            let (d_conv, d_inner, d_state, n_group) = (
-                u(&SSM_CONV_KERNEL),
-                u(&SSM_INNER),
-                u(&SSM_STATE),
-                u(&SSM_GROUPS),
-            );
-            d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner
-        }
-    }
 }
 
 /// The estimate of a header without shapes: no KV, and a rough compute buffer.
@@ -595,5 +589,8 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         residual: 0,
         scaled: 0,
         out_rows: 0,
+        moe_tail: 0,
+        dense_lead: 0,
+        scan: Scan::default(),
     }
 }

@@ -244,8 +244,17 @@ impl Model {
     ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute);
     /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
-    ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs: the residual and
-    ///   the masks;
+    ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs, allocated first
+    ///   and never freed, so still there beside the logits: the residual (the first device's
+    ///   block counts one) and the masks, and where a mamba2 layer ends one device's run and
+    ///   another begins the next, the in-projection on the next device and its gate back on
+    ///   the first (`memory::Scan`);
+    /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
+    ///   rows the allocator leaves below it (measured): four where the first block runs outside
+    ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
+    ///   freed), three above a pipeline's inputs;
+    /// - in a partial offload whose host ends with a MoE block, the first device runs that
+    ///   block's tail (`memory::Parts::moe_tail`);
     /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
     ///   in host memory run on the first GPU (`ggml_backend_sched_backend_id_from_cur`,
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
@@ -275,21 +284,45 @@ impl Model {
         let first = |s: &DeviceShare| s.layers.start == 0 && !s.layers.is_empty();
         let op_offload = self.backend.op_offload && !full && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
         let pipeline = full && devices.len() > 1;
-        let copies = if pipeline { PIPELINE_COPIES - 1 } else { 0 };
+        let copies = if pipeline { PIPELINE_COPIES } else { 1 };
+        let boundary = if pipeline {
+            self.scan_boundaries(devices)
+        } else {
+            vec![0; devices.len()]
+        };
         for (d, s) in devices.iter_mut().enumerate() {
             let m = mask(masks.get(d).copied().unwrap_or_default());
             let blocks = !s.layers.is_empty();
-            let mut c = if blocks { block + m } else { 0 };
+            // Outside a pipeline the split's copy of the masks is freed before the logits.
+            let masks_freed = if pipeline { 0 } else { m };
+            let mut c = if blocks { block + masks_freed } else { 0 };
             if first(s) {
                 c += u128::from(p.scaled);
             }
+            // A mamba2 layer's chain over the residual rows below it: the device's peak where
+            // the layer is the whole block, else a floor under `memory`'s fitted one; a device
+            // past the host's blocks, outside a pipeline, keeps the fitted peak.
+            let below = match (pipeline, first(s)) {
+                (true, _) => 3,
+                (false, true) => 4,
+                (false, false) => 0,
+            };
+            if below > 0 && self.runs_scan(&s.layers) {
+                let scan = below * residual + p.scan.chain;
+                c = if p.scan.alone { scan } else { c.max(scan) };
+            }
+            if !s.layers.is_empty() && s.layers.start == host.layers.end && self.moe(host) {
+                c = c.max(u128::from(p.moe_tail) + m);
+            }
             if s.output {
-                // The output layer's rows: the last block's output where blocks run here.
-                let rows = if blocks { residual } else { 0 };
+                // The output layer's rows: outside a pipeline, the last block's output where
+                // blocks run here.
+                let rows = if blocks && !pipeline { residual } else { 0 };
                 c = c.max(logits + rows + 2 * u128::from(p.out_rows));
             }
-            if blocks || s.output {
-                c += copies * (residual + m);
+            if pipeline {
+                let rows = if first(s) { copies - 1 } else { copies };
+                c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             if d == 0 && op_offload {
                 c = c.max(block + all_masks + u128::from(p.scaled)) + u128::from(largest);
@@ -301,7 +334,7 @@ impl Model {
         }
         let inputs = 2 * residual + all_masks;
         host.compute = if full {
-            clamp(inputs + copies * (residual + all_masks))
+            clamp(inputs + (copies - 1) * (residual + all_masks))
         } else if !op_offload {
             p.estimate.compute
         } else {
@@ -318,6 +351,45 @@ impl Model {
             }
             clamp(c)
         };
+    }
+
+    /// Whether the host's last block is a MoE layer (`memory::Parts::moe_tail`).
+    fn moe(&self, host: &HostShare) -> bool {
+        let p = &self.parts;
+        !host.layers.is_empty() && p.moe_tail > 0 && u64::from(host.layers.end) > p.dense_lead
+    }
+
+    /// Whether `layers` hold a recurrent layer with a mamba2 chain.
+    fn runs_scan(&self, layers: &Range<u32>) -> bool {
+        self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
+    }
+
+    fn recurrent(&self, il: u32) -> bool {
+        self.parts
+            .recurrent
+            .get(il as usize)
+            .is_some_and(|b| *b > 0)
+    }
+
+    /// The pipeline's copies of mamba2 rows that cross from one device to the next, by device:
+    /// where a device's last layer and the next device's first are both recurrent, the next
+    /// device keeps `PIPELINE_COPIES` copies of the in-projection and this one as many of its
+    /// gate (`memory::Scan`).
+    fn scan_boundaries(&self, devices: &[DeviceShare]) -> Vec<u128> {
+        let mut extra = vec![0u128; devices.len()];
+        let scan = &self.parts.scan;
+        let running: Vec<usize> = (0..devices.len())
+            .filter(|d| !devices[*d].layers.is_empty())
+            .collect();
+        for pair in running.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if self.recurrent(devices[a].layers.end - 1) && self.recurrent(devices[b].layers.start)
+            {
+                extra[a] += PIPELINE_COPIES * scan.gate;
+                extra[b] += PIPELINE_COPIES * scan.input;
+            }
+        }
+        extra
     }
 
     /// The whole placement: the shares, the host's repack and its total.

@@ -76,7 +76,90 @@ fn a_device_reads_only_the_masks_of_its_layers() {
     );
     assert_eq!(
         split.devices[1].compute,
-        block + p.mask_full + 3 * (p.residual + p.mask_full)
+        block + 4 * (p.residual + p.mask_full),
+        "the next device keeps four copies of its input row as well"
+    );
+}
+
+/// A mamba2 model of `blocks` blocks with the memory benchmark's scan (no FFN).
+fn mamba2(blocks: u64) -> Model {
+    let mut m = Model::llama(blocks, 16 * MIB);
+    m.arch = "mamba2";
+    m.kv = vec![
+        ("feed_forward_length", Value::U32(0)),
+        ("ssm.conv_kernel", Value::U32(4)),
+        ("ssm.inner_size", Value::U32(1536)),
+        ("ssm.state_size", Value::U32(128)),
+        ("ssm.group_count", Value::U32(1)),
+        ("ssm.time_step_rank", Value::U32(24)),
+    ];
+    m
+}
+
+#[test]
+fn a_mamba2_layers_chain_is_its_projection_convolution_and_scan() {
+    let (h, f) = (mamba2(8).header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    let (tokens, row) = (512, 4);
+    // z, x, B, C, dt; the convolution's input with the 3 state columns of each of 2 sequences;
+    // its output; the scan's output (y and each sequence's new state), larger than the
+    // convolution's input, so above it.
+    let input = (2 * 1536 + 2 * 128 + 24) * tokens * row;
+    let conv = (1536 + 2 * 128) * (tokens + 3 * 2) * row;
+    let y = (1536 * tokens + 128 * 1536 * 2) * row;
+    assert_eq!(p.scan.input, input);
+    assert_eq!(
+        p.scan.chain,
+        input + conv + (1536 + 2 * 128) * tokens * row + y
+    );
+    assert_eq!(p.scan.gate, 1536 * tokens * row);
+    let one = place_on(&h, &f, 9, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        u128::from(one.devices[0].compute),
+        4 * u128::from(p.residual) + p.scan.chain
+    );
+}
+
+#[test]
+fn a_pipeline_splitting_mamba2_layers_copies_the_projection_and_the_gate_across() {
+    let (h, f) = (mamba2(8).header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    let two = place_on(&h, &f, 9, &[1.0, 3.0], Backend::RPC).unwrap();
+    assert_eq!(
+        (two.devices[0].layers.clone(), two.devices[1].layers.clone()),
+        (0..3, 3..8)
+    );
+    let (r, chain) = (u128::from(p.residual), p.scan.chain);
+    assert_eq!(
+        u128::from(two.devices[0].compute),
+        3 * r + 3 * r + chain + 4 * p.scan.gate,
+        "three copies of the embeddings beside the block's own, the gate's four"
+    );
+    assert_eq!(
+        u128::from(two.devices[1].compute),
+        4 * r + 3 * r + chain + 4 * p.scan.input
+    );
+    // Outside a pipeline the boundary's single copies come and go before the chain.
+    let partial = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert!(!partial.full());
+    assert_eq!(
+        u128::from(partial.devices[0].compute),
+        u128::from(p.activations - p.residual)
+    );
+}
+
+#[test]
+fn a_pipelines_output_device_keeps_its_input_copies_beside_the_logits() {
+    // A narrow FFN and many slots: the slots' logits outweigh the block.
+    let mut m = Model::llama(4, MIB);
+    m.kv.push(("feed_forward_length", Value::U32(64)));
+    let (h, f) = (m.header(), flags(4096, 64));
+    let p = parts(&h, &f);
+    assert!(p.logits > p.activations);
+    let two = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        two.devices[1].compute,
+        4 * (p.residual + p.masks) + p.logits + 2 * p.out_rows
     );
 }
 
@@ -137,4 +220,33 @@ fn each_device_keeps_its_own_margin() {
             "device {id} holds one more"
         );
     }
+}
+
+#[test]
+fn the_first_device_after_a_hosts_moe_block_runs_that_blocks_tail() {
+    let mut m = Model::llama(4, 16 * MIB);
+    m.arch = "qwen3moe";
+    m.kv.extend([
+        ("expert_count", Value::U32(16)),
+        ("expert_used_count", Value::U32(4)),
+        ("expert_feed_forward_length", Value::U32(256)),
+    ]);
+    let (h, f) = (m.header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    // The host block's 4 expert outputs and residual below the masks; the next block's up
+    // rows and their product above them, then its 4 expert outputs.
+    let up = 4 * 256 * 512 * 4;
+    assert_eq!(
+        p.moe_tail,
+        4 * p.residual + p.residual + 2 * up + 4 * p.residual
+    );
+    let partial = place_on(&h, &f, 3, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.host.layers, 0..2);
+    assert!(p.moe_tail > p.activations);
+    assert_eq!(partial.devices[0].compute, p.moe_tail + p.masks);
+    let full = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        full.devices[0].compute,
+        p.activations - p.residual + p.masks
+    );
 }

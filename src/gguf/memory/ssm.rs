@@ -1,0 +1,95 @@
+//! Recurrent layers: the state each keeps per sequence, and the rows one ubatch through a
+//! mamba2-style layer (`build_mamba2_layer`) leaves in a device's compute buffer.
+
+use crate::gguf::bounds::{
+    HEAD_COUNT, KDA_HEAD_DIM, SHORTCONV_CACHE, SSM_CONV_KERNEL, SSM_DT_RANK, SSM_GROUPS, SSM_INNER,
+    SSM_STATE, TOKEN_SHIFT, WKV_HEAD_SIZE,
+};
+use crate::gguf::hparams::Hp;
+
+/// Archs whose recurrent layers are mamba2's (`build_mamba2_layer`).
+const MAMBA2_LAYERS: [&str; 5] = [
+    "mamba2",
+    "granitehybrid",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "falcon-h1",
+];
+/// Of those, the archs whose recurrent layer opens with its state reads: falcon-h1 runs
+/// attention first in every layer.
+const OPENS_WITH_STATE: [&str; 4] = ["mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe"];
+
+/// f32 elements of one recurrent layer's state for one sequence (R + S).
+pub(super) fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
+    let u = |p| hp.u(p).map_or(0, u128::from);
+    match hp.arch {
+        "rwkv6" | "rwkv6qwen2" | "rwkv7" | "arwkv7" => {
+            hp.u(&TOKEN_SHIFT).map_or(2, u128::from) * n_embd + n_embd * u(&WKV_HEAD_SIZE)
+        }
+        "lfm2" | "lfm2moe" => {
+            n_embd
+                * hp.u(&SHORTCONV_CACHE)
+                    .map_or(1, u128::from)
+                    .saturating_sub(1)
+        }
+        "kimi-linear" | "kimi-k3" | "bailingmoe3" => {
+            let (d_conv, n_head, dim) = (u(&SSM_CONV_KERNEL), u(&HEAD_COUNT), u(&KDA_HEAD_DIM));
+            3 * d_conv.saturating_sub(1) * n_head * dim + dim * dim * n_head
+        }
+        _ => {
+            let (d_conv, d_inner, d_state, n_group) = (
+                u(&SSM_CONV_KERNEL),
+                u(&SSM_INNER),
+                u(&SSM_STATE),
+                u(&SSM_GROUPS),
+            );
+            d_conv.saturating_sub(1) * (d_inner + 2 * n_group * d_state) + d_state * d_inner
+        }
+    }
+}
+
+/// One ubatch through a mamba2 layer on a device, in bytes (all f32); zero for other archs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Scan {
+    /// The rows alive at the layer's peak: the in-projection (z, x, B, C and dt of each token),
+    /// the convolution's input (the conv state's rows before each sequence's tokens) and its
+    /// output; and the scan's output (y and each sequence's new state) where it does not fit
+    /// in the convolution input's freed place, which the allocator gives it when it can.
+    pub chain: u128,
+    /// The in-projection, which the next device copies in when this layer ends a device's run
+    /// and the next layer, on another device, is recurrent too: that layer's state reads come
+    /// first in the graph, so the scheduler runs this layer's copy of its gate (`ggml_cont(z)`,
+    /// which has no weight) on the next device.
+    pub input: u128,
+    /// That gate, which the first device then copies back.
+    pub gate: u128,
+    /// Whether the layer is the whole block (mamba2: no FFN after the scan), so that the chain
+    /// is a device's peak rather than a floor under `memory`'s fitted one.
+    pub alone: bool,
+}
+
+/// The mamba2 layer's rows for a ubatch of `tokens` over `seqs` sequences.
+pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
+    if !MAMBA2_LAYERS.contains(&hp.arch) {
+        return Scan::default();
+    }
+    let u = |p| hp.u(p).map_or(0, u128::from);
+    let (d_conv, d_inner, d_state, n_group) = (
+        u(&SSM_CONV_KERNEL),
+        u(&SSM_INNER),
+        u(&SSM_STATE),
+        u(&SSM_GROUPS),
+    );
+    let xbc = d_inner + 2 * n_group * d_state;
+    let input = (d_inner + xbc + u(&SSM_DT_RANK)) * tokens * 4;
+    let conv_in = xbc * (tokens + d_conv.saturating_sub(1) * seqs) * 4;
+    let y = (d_inner * tokens + d_state * d_inner * seqs) * 4;
+    let above = if y > conv_in { y } else { 0 };
+    let opens = OPENS_WITH_STATE.contains(&hp.arch);
+    Scan {
+        chain: input + conv_in + xbc * tokens * 4 + above,
+        input: if opens { input } else { 0 },
+        gate: if opens { d_inner * tokens * 4 } else { 0 },
+        alone: hp.arch == "mamba2",
+    }
+}
