@@ -72,7 +72,14 @@ impl Scope {
 
     /// The limits as a sentence, for a 403.
     pub fn describe(&self) -> String {
-        let list = |s: &BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>().join(", ");
+        // Empty only where Secrets holding the same key have no limit in common.
+        let list = |s: &BTreeSet<String>| {
+            if s.is_empty() {
+                "(none: the Secrets holding this key allow nothing in common)".to_string()
+            } else {
+                s.iter().cloned().collect::<Vec<_>>().join(", ")
+            }
+        };
         match (&self.namespaces, &self.models) {
             (None, None) => "any model".into(),
             (Some(n), None) => format!("models in namespaces {}", list(n)),
@@ -94,6 +101,7 @@ pub struct KeyTable {
 
 impl KeyTable {
     /// The table of `secrets` (those with the label).
+    ///
     /// The same key in several Secrets may use only what all of them allow (a copy left behind
     /// never widens a key that was narrowed), whatever order the Secrets are listed in.
     pub fn build<'a>(secrets: impl IntoIterator<Item = &'a Secret>) -> KeyTable {

@@ -101,11 +101,25 @@ impl fmt::Display for Run {
 }
 
 impl Run {
-    /// The run with the median throughput of several.
+    /// The median of each figure of several runs (of an even number, the mean of the middle
+    /// two), and their requests and errors summed.
     pub fn median(runs: &[Run]) -> Run {
-        let mut v = runs.to_vec();
-        v.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
-        v[v.len() / 2]
+        let median = |f: fn(&Run) -> f64| {
+            let mut v: Vec<f64> = runs.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            match v.len() {
+                0 => 0.0,
+                n if n % 2 == 1 => v[n / 2],
+                n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+            }
+        };
+        Run {
+            requests: runs.iter().map(|r| r.requests).sum(),
+            per_second: median(|r| r.per_second),
+            p50: median(|r| r.p50),
+            p99: median(|r| r.p99),
+            errors: runs.iter().map(|r| r.errors).sum(),
+        }
     }
 }
 
@@ -253,5 +267,21 @@ Transfer/sec:    628.10KB
         assert!((r.p99 - 1.2).abs() < 1e-9);
         assert_eq!(r.per_second, 6172.5);
         assert_eq!(r.errors, 3);
+    }
+
+    #[test]
+    fn the_median_of_two_runs_is_their_mean_and_of_three_the_middle_one() {
+        let run = |per_second: f64, p50: f64| Run {
+            requests: 10,
+            per_second,
+            p50,
+            p99: p50 * 2.0,
+            errors: 0,
+        };
+        let two = Run::median(&[run(450.0, 0.07), run(440.0, 0.06)]);
+        assert_eq!((two.per_second, two.requests), (445.0, 20));
+        assert!((two.p50 - 0.065).abs() < 1e-12);
+        let three = Run::median(&[run(1.0, 3.0), run(3.0, 1.0), run(2.0, 2.0)]);
+        assert_eq!((three.per_second, three.p50), (2.0, 2.0));
     }
 }
