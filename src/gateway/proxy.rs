@@ -21,7 +21,6 @@ use super::metrics::{CodeLabel, ModelLabel};
 use super::openai::ApiError;
 use super::routes::Model;
 use super::{AuthMode, Gateway, activate, idle};
-use crate::names::secret_name;
 
 /// The largest request body accepted.
 pub const MAX_BODY: usize = 32 << 20;
@@ -171,8 +170,8 @@ async fn handle(
     };
     let asking = gw.demand.begin(model.key());
     idle::touch(&gw, &model);
-    let key_name = format!("{}/{}", model.namespace, secret_name(&model.object));
-    let Some(engine_key) = gw.views.engine_keys.get().get(&key_name).cloned() else {
+    let key_name = model.engine_key_secret();
+    let Some(engine_key) = gw.views.engine_keys.get().get(key_name).cloned() else {
         return gw.refuse(
             Some(&model),
             ApiError::unavailable(

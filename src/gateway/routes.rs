@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use super::keys::Scope;
 use super::openai::ApiError;
 use crate::api::ModelServe;
-use crate::names::{MODEL_LABEL, PORT, model_names};
+use crate::names::{MODEL_LABEL, PORT, model_names, secret_name};
 
 /// The most names a 404 lists.
 const LISTED: usize = 100;
@@ -29,12 +29,19 @@ pub struct Model {
     pub object: Arc<ModelServe>,
     /// `namespace/name`, made once.
     key: String,
+    /// `namespace/name` of its engine-key Secret, made once.
+    engine_key: String,
 }
 
 impl Model {
     /// `namespace/name`, the key of the model's state in the gateway.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// `namespace/name` of the Secret that holds the model's engine key.
+    pub fn engine_key_secret(&self) -> &str {
+        &self.engine_key
     }
 
     pub fn served(&self) -> &str {
@@ -62,6 +69,7 @@ impl ModelIndex {
             let (namespace, name) = (ms.namespace().unwrap_or_default(), ms.name_any());
             let m = Arc::new(Model {
                 key: format!("{namespace}/{name}"),
+                engine_key: format!("{namespace}/{}", secret_name(ms)),
                 namespace,
                 name,
                 names: model_names(ms),

@@ -150,12 +150,11 @@ impl Store {
 
     /// Bytes the partial downloads hold on disk now.
     pub fn partial_bytes(&self) -> io::Result<u64> {
-        use std::os::unix::fs::MetadataExt;
         let mut total = 0u64;
         for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
             let meta = entry?.metadata()?;
             if meta.is_file() {
-                total = total.saturating_add(meta.blocks().saturating_mul(512).min(meta.len()));
+                total = total.saturating_add(on_disk(&meta));
             }
         }
         Ok(total)
@@ -163,10 +162,7 @@ impl Store {
 
     /// The partial downloads: each one's sha256, bytes on disk and when it was last written.
     pub fn partials(&self) -> io::Result<Vec<super::space::Blob>> {
-        use std::os::unix::fs::MetadataExt;
-        self.list(".incomplete", ".part", |m| {
-            m.blocks().saturating_mul(512).min(m.len())
-        })
+        self.list(".incomplete", ".part", on_disk)
     }
 
     /// The files of `folder` named by a sha256 and `suffix`, at most [`MAX_BLOBS`], each with
@@ -242,6 +238,12 @@ impl Store {
             _ => Ok(links),
         }
     }
+}
+
+/// Bytes a file holds on disk: a partial download is sparse where its segments have not landed.
+fn on_disk(m: &std::fs::Metadata) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    m.blocks().saturating_mul(512).min(m.len())
 }
 
 /// The most entries one listing of the store reads.

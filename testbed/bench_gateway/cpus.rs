@@ -75,14 +75,10 @@ pub fn pin(pid: u32, cpus: &[usize]) -> Result<(), String> {
     for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
         unsafe { libc::CPU_SET(c, &mut set) };
     }
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+    let tasks = numbered(&format!("/proc/{pid}/task"))
         .map_err(|e| format!("cannot list the threads of process {pid}: {e}"))?;
-    for task in tasks.flatten() {
-        let Some(tid) = task
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<i32>().ok())
-        else {
+    for tid in tasks {
+        let Ok(tid) = i32::try_from(tid) else {
             continue;
         };
         let rc =
@@ -102,14 +98,7 @@ pub fn pin(pid: u32, cpus: &[usize]) -> Result<(), String> {
 pub fn descendants_named(root: u32, comm: &str) -> Vec<u32> {
     let mut parent: HashMap<u32, u32> = HashMap::new();
     let mut names: HashMap<u32, String> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in numbered("/proc").unwrap_or_default() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
@@ -138,12 +127,26 @@ pub fn descendants_named(root: u32, comm: &str) -> Vec<u32> {
     found
 }
 
+/// The entries of `dir` named by a number (the processes of /proc, the threads of a task/).
+fn numbered(dir: &str) -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect())
+}
+
+/// The command name of a /proc/PID/stat line and its fields after the name (the state first).
+/// The name may hold spaces and parentheses, so it ends at the last ')'.
+pub fn stat_fields(stat: &str) -> Option<(&str, Vec<&str>)> {
+    let (head, rest) = stat.rsplit_once(')')?;
+    Some((head.split_once('(')?.1, rest.split_whitespace().collect()))
+}
+
 /// The parent PID and command name of a /proc/PID/stat line.
 fn parse_stat(stat: &str) -> Option<(u32, String)> {
-    let (head, rest) = stat.rsplit_once(')')?;
-    let name = head.split_once('(')?.1.to_string();
-    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-    Some((ppid, name))
+    let (name, fields) = stat_fields(stat)?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    Some((ppid, name.to_string()))
 }
 
 #[cfg(test)]

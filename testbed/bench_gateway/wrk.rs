@@ -176,9 +176,7 @@ pub fn parse(text: &str) -> Option<Run> {
 /// User and system CPU seconds of a process so far, from /proc/PID/stat.
 pub fn cpu_seconds(pid: u32) -> Result<f64, String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').ok_or("no ')' in stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (_, f) = super::cpus::stat_fields(&stat).ok_or("no ')' in stat")?;
     let ticks = |i: usize| {
         f.get(i)
             .and_then(|v| v.parse::<u64>().ok())
