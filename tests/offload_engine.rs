@@ -243,6 +243,35 @@ fn hold_models() -> Held {
     Held(m.1.unwrap())
 }
 
+/// Every model, or while working on a few of them, those whose file names start with one of the
+/// comma-separated prefixes in `MODELSERVE_OFFLOAD_ONLY` (the test then says how many it left
+/// out, and CI never sets it).
+fn chosen(models: &Models) -> Vec<&PathBuf> {
+    let all: Vec<&PathBuf> = models.tiny.iter().chain(&models.quantized).collect();
+    let Ok(only) = std::env::var("MODELSERVE_OFFLOAD_ONLY") else {
+        return all;
+    };
+    let picked: Vec<&PathBuf> = all
+        .iter()
+        .copied()
+        .filter(|m| {
+            only.split(',')
+                .any(|p| !p.is_empty() && name(m).starts_with(p))
+        })
+        .collect();
+    eprintln!(
+        "MODELSERVE_OFFLOAD_ONLY={only}: {} of {} models, {} left out",
+        picked.len(),
+        all.len(),
+        all.len() - picked.len()
+    );
+    assert!(
+        !picked.is_empty(),
+        "MODELSERVE_OFFLOAD_ONLY={only} matches no model"
+    );
+    picked
+}
+
 fn flags() -> Flags {
     Flags {
         ctx_size: CTX,
@@ -478,7 +507,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
         "compute est/eng",
         "host est/peak RSS"
     ));
-    for model in models.0.tiny.iter().chain(&models.0.quantized) {
+    for model in chosen(models.0) {
         let name = name(model);
         let h = header(model).await;
         let e = estimate(&h, &f);
@@ -664,7 +693,7 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
         "{:<40} {:<10} {:>16} {:>14} {:>14} {}",
         "model (ctx 8192, 2 slots)", "case", "devices MiB", "decide_on", "fit-params", "note"
     ));
-    for model in models.0.tiny.iter().chain(&models.0.quantized) {
+    for model in chosen(models.0) {
         let name = name(model);
         let h = header(model).await;
         let n_layer = place_on(&h, &f, 0, &[], Backend::RPC).unwrap().n_layer;
