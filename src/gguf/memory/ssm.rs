@@ -18,6 +18,9 @@ const MAMBA2_LAYERS: [&str; 5] = [
 /// Of those, the archs whose recurrent layer opens with its state reads: falcon-h1 runs
 /// attention first in every layer.
 const OPENS_WITH_STATE: [&str; 4] = ["mamba2", "granitehybrid", "nemotron_h", "nemotron_h_moe"];
+/// Of those, the archs whose block runs its FFN after the recurrent layer (granite's hybrid
+/// blocks); mamba2's block is the layer alone and nemotron_h's FFN is a block of its own.
+const FFN_AFTER_SCAN: [&str; 1] = ["granitehybrid"];
 
 /// f32 elements of one recurrent layer's state for one sequence (R + S).
 pub(super) fn recurrent_state(hp: &Hp<'_>, n_embd: u128) -> u128 {
@@ -66,6 +69,16 @@ pub(crate) struct Scan {
     /// Whether the layer is the whole block (mamba2: no FFN after the scan), so that the chain
     /// is a device's peak rather than a floor under `memory`'s fitted one.
     pub alone: bool,
+    /// The rows of a second such layer right after the first on one device, in a block with an
+    /// FFN after the scan, where the scan's output takes its convolution input's freed place
+    /// (measured, b11312): the graph reads the next layer's conv state rows (`build_rs`'s
+    /// gather) as soon as the first layer's scan is done, so they land just above its output
+    /// and stay until the next convolution. The FFN's rows free what lies below them, but no
+    /// free block there holds the next in-projection, which goes above those rows, with its gate
+    /// copy above it. From the first layer's in-projection on: its conv state rows below it,
+    /// the in-projection, the scan's output, the next rows, the next in-projection and gate;
+    /// zero where that does not apply.
+    pub follow: u128,
 }
 
 /// The mamba2 layer's rows for a ubatch of `tokens` over `seqs` sequences.
@@ -86,10 +99,18 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
     let y = (d_inner * tokens + d_state * d_inner * seqs) * 4;
     let above = if y > conv_in { y } else { 0 };
     let opens = OPENS_WITH_STATE.contains(&hp.arch);
+    let gate = d_inner * tokens * 4;
+    let rows = xbc * d_conv.saturating_sub(1) * seqs * 4;
+    let follow = if FFN_AFTER_SCAN.contains(&hp.arch) && y <= conv_in {
+        rows + input + y + rows + input + gate
+    } else {
+        0
+    };
     Scan {
         chain: input + conv_in + xbc * tokens * 4 + above,
         input: if opens { input } else { 0 },
-        gate: if opens { d_inner * tokens * 4 } else { 0 },
+        gate: if opens { gate } else { 0 },
         alone: hp.arch == "mamba2",
+        follow,
     }
 }

@@ -252,7 +252,9 @@ impl Model {
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
     ///   rows the allocator leaves below it (measured): four where the first block runs outside
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
-    ///   freed), three above a pipeline's inputs;
+    ///   freed), three above a pipeline's inputs; where two such layers follow each other in a
+    ///   hybrid block, the second's in-projection lands above the first's scan output
+    ///   (`memory::Scan::follow`);
     /// - in a partial offload whose host ends with a MoE block, the first device runs that
     ///   block's tail (`memory::Parts::moe_tail`);
     /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
@@ -310,6 +312,9 @@ impl Model {
             if below > 0 && self.runs_scan(&s.layers) {
                 let scan = below * residual + p.scan.chain;
                 c = if p.scan.alone { scan } else { c.max(scan) };
+                if self.runs_scans_in_a_row(&s.layers) {
+                    c = c.max(below * residual + p.scan.follow);
+                }
             }
             if !s.layers.is_empty() && s.layers.start == host.layers.end && self.moe(host) {
                 c = c.max(u128::from(p.moe_tail) + m);
@@ -362,6 +367,14 @@ impl Model {
     /// Whether `layers` hold a recurrent layer with a mamba2 chain.
     fn runs_scan(&self, layers: &Range<u32>) -> bool {
         self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
+    }
+
+    /// Whether `layers` hold two recurrent layers in a row (`memory::Scan::follow`).
+    fn runs_scans_in_a_row(&self, layers: &Range<u32>) -> bool {
+        self.parts.scan.follow > 0
+            && layers
+                .clone()
+                .any(|il| il > layers.start && self.recurrent(il - 1) && self.recurrent(il))
     }
 
     fn recurrent(&self, il: u32) -> bool {

@@ -148,6 +148,67 @@ fn a_pipeline_splitting_mamba2_layers_copies_the_projection_and_the_gate_across(
     );
 }
 
+/// Granite's hybrid blocks (a mamba2 layer or attention, then an FFN), `kv` heads per block: 0
+/// is a mamba2 layer. Tiny widths, as in testbed/gen_gguf.py, where the scan's output fits in
+/// the convolution input's place.
+fn granite(kv: &[u32]) -> Model {
+    let mut m = Model::llama(kv.len() as u64, 16 * MIB);
+    m.arch = "granitehybrid";
+    let per_layer = kv.iter().map(|k| Value::U32(*k)).collect();
+    m.kv = vec![
+        ("attention.head_count", Value::U32(8)),
+        (
+            "attention.head_count_kv",
+            Value::Array {
+                value_type: 4,
+                len: kv.len() as u64,
+                items: Some(per_layer),
+            },
+        ),
+        ("feed_forward_length", Value::U32(64)),
+        ("ssm.conv_kernel", Value::U32(4)),
+        ("ssm.inner_size", Value::U32(128)),
+        ("ssm.state_size", Value::U32(16)),
+        ("ssm.group_count", Value::U32(1)),
+        ("ssm.time_step_rank", Value::U32(4)),
+    ];
+    m
+}
+
+#[test]
+fn a_second_mamba2_layer_in_a_row_lands_above_the_first_ones_scan() {
+    let f = flags(8192, 2);
+    let (tokens, row) = (512, 4);
+    let (h, p) = {
+        let h = granite(&[0, 0, 8, 0]).header();
+        let p = parts(&h, &f);
+        (h, p)
+    };
+    // The scan's output (y and two states) fits in the convolution's input (3 state columns of
+    // each of 2 sequences before the tokens).
+    let (input, xbc) = ((128 + 160 + 4) * tokens * row, 160);
+    let y = (128 * tokens + 16 * 128 * 2) * row;
+    let rows = 3 * xbc * 2 * row;
+    assert!(y <= xbc * (tokens + 3 * 2) * row);
+    assert_eq!(
+        p.scan.follow,
+        rows + input + y + rows + input + 128 * tokens * row
+    );
+    // Layers 0 and 1, both mamba2, on the first device: the second's in-projection above the
+    // first's output, over six residual rows (the pipeline's four copies of the embeddings, the
+    // scaled embeddings and the first layer's input).
+    let two = place_on(&h, &f, 5, &[1.0, 3.0], Backend::RPC).unwrap();
+    assert_eq!(two.devices[0].layers, 0..2);
+    let r = u128::from(p.residual);
+    assert_eq!(u128::from(two.devices[0].compute), 6 * r + p.scan.follow);
+    assert!(
+        p.scan.follow > p.scan.chain,
+        "the second layer sets the peak"
+    );
+    // A pure mamba2 model (no FFN after the scan) frees differently: no follow-on rows.
+    assert_eq!(parts(&mamba2(8).header(), &f).scan.follow, 0);
+}
+
 #[test]
 fn a_pipelines_output_device_keeps_its_input_copies_beside_the_logits() {
     // A narrow FFN and many slots: the slots' logits outweigh the block.
