@@ -52,20 +52,25 @@ def free_port() -> int:
 
 
 class Estimator:
-    """`modelserve estimate`, with --cpu avx2 while the binary knows the flag."""
+    """`modelserve estimate` for this machine: --cpu avx2 and --node-cpus (this machine's CPUs, by
+    which llama-server starts its threads), each while the binary knows the flag."""
 
     def __init__(self, modelserve: str):
         self.modelserve = modelserve
-        self.cpu = ["--cpu", "avx2"]
+        self.flags = {"--cpu": "avx2", "--node-cpus": str(os.cpu_count() or 1)}
 
     def __call__(self, model: Path, ctx: int, parallel: int) -> dict:
         base = [self.modelserve, "estimate", str(model), "--context-size", str(ctx),
                 "--context-length", str(ctx // parallel)]
-        r = subprocess.run(base + self.cpu, capture_output=True, text=True)
-        if r.returncode == 2 and self.cpu and "--cpu" in r.stderr:  # clap: unknown argument
-            print("# this modelserve has no --cpu flag: estimating without it", flush=True)
-            self.cpu = []
-            r = subprocess.run(base, capture_output=True, text=True)
+        while True:
+            extra = [x for kv in self.flags.items() for x in kv]
+            r = subprocess.run(base + extra, capture_output=True, text=True)
+            unknown = [f for f in self.flags if r.returncode == 2 and f"'{f}'" in r.stderr]
+            if not unknown:
+                break
+            for f in unknown:  # clap: unexpected argument '--cpu'
+                print(f"# this modelserve has no {f} flag: estimating without it", flush=True)
+                del self.flags[f]
         if r.returncode != 0:
             raise RuntimeError(f"modelserve estimate: {(r.stderr or r.stdout).strip()}")
         return json.loads(r.stdout)

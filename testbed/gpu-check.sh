@@ -246,7 +246,7 @@ def free_mib() -> int:
 def estimate_args(model: str, free: int, ngl: str) -> list:
     build = ["--engine-build", BUILD] if BUILD else []
     return [MODELSERVE, "estimate", model, "--context-size", str(CTX), "--context-length", str(CTX // PARALLEL),
-            "--cpu", CPU, *build, "--gpu", f"{free}MiB", "--gpu-layers", ngl, "--output", "json"]
+            "--cpu", CPU, "--node-cpus", str(os.cpu_count() or 1), *build, "--gpu", f"{free}MiB", "--gpu-layers", ngl, "--output", "json"]
 
 
 def server_args(model: str, ngl: int, port: int) -> list:
@@ -271,12 +271,14 @@ def free_port() -> int:
 
 
 def serve(model: str, ngl: int, log_path: str) -> tuple:
-    """Starts llama-server, waits until it listens (or exits), reads nvidia-smi's used memory,
-    stops it; returns (its log, MiB used on the GPU while it ran or None)."""
+    """Starts llama-server, waits until it listens (or exits), reads nvidia-smi's used memory and
+    the server's peak RSS, stops it; returns (its log, MiB used on the GPU while it ran or None,
+    peak RSS MiB or None). The peak holds the CUDA runtime's host memory, which the host part
+    must cover too: the pod's memory limit is that part."""
     before = smi("memory.used")
     with open(log_path, "w") as log:
         p = subprocess.Popen(server_args(model, ngl, free_port()), stdout=log, stderr=subprocess.STDOUT)
-        used, ready = None, False
+        used, peak, ready = None, None, False
         try:
             limit = min(time.time() + 120, DEADLINE)
             while time.time() < limit and p.poll() is None:
@@ -289,6 +291,7 @@ def serve(model: str, ngl: int, log_path: str) -> tuple:
                 time.sleep(1)  # the first request's allocations aside, nothing more comes
                 after = smi("memory.used")
                 used = after - before if after is not None and before is not None else None
+                peak = peak_rss_mib(p.pid)
         finally:
             p.terminate()
             try:
@@ -302,10 +305,21 @@ def serve(model: str, ngl: int, log_path: str) -> tuple:
         tail = "\n".join(text.splitlines()[-15:])
         why = "exited with " + str(p.returncode) if p.returncode not in (None, -15) else "did not listen in time"
         raise RuntimeError(f"llama-server {why}; the end of its log:\n{tail}")
-    return text, used
+    return text, used, peak
 
 
-def compare(est: dict, eng: dict, used) -> list:
+def peak_rss_mib(pid: int):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def compare(est: dict, eng: dict, used, peak) -> list:
     """(part, estimate, engine) in MiB, the layer count as is; parts both sides have as 0 left out."""
     o = est["offload"]
     d, h = o["devices"][0], o["host"]
@@ -318,6 +332,8 @@ def compare(est: dict, eng: dict, used) -> list:
     for part, key in (("weights", "weights"), ("repack", "repack"), ("kv", "kv"), ("recurrent", "recurrent"),
                       ("compute", "compute"), ("output", "outputBuffer")):
         rows.append((f"host {part}", m(h[key]), eng["host"][part]))
+    if peak is not None:
+        rows.append(("host total vs peak RSS", m(h["total"]), peak))
     return [r for r in rows if r[0].startswith("gpu layers") or (r[1] or 0) > 0.005 or (r[2] or 0) > 0.005]
 
 
@@ -348,9 +364,9 @@ def main() -> int:
             log_path = os.path.join(LOGS, f"{name}-{setting}.log")
             with open(os.path.join(LOGS, f"{name}-{setting}.estimate.json"), "w") as f:
                 json.dump(est, f, indent=1)
-            text, used = serve(model, ngl, log_path)
+            text, used, peak = serve(model, ngl, log_path)
             eng = engine_parts(parse_log(text), DEVICE)
-            rows = compare(est, eng, used)
+            rows = compare(est, eng, used, peak)
             results.append({"model": name, "setting": setting, "ngl": ngl, "free_mib": free, "rows": rows,
                             "message": est["offload"]["message"], "seconds": round(time.time() - start, 1)})
             print(f"gpu-check: {name} {setting} (-ngl {ngl}, {free} MiB free) took {time.time() - start:.1f}s: "

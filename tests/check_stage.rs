@@ -282,6 +282,12 @@ async fn a_quantized_model_counts_the_cpu_repack_and_the_basis_names_every_part(
         basis.contains(&format!("CPU repack {kib:.1} KiB (15 tensors, x86 AVX2; the largest of none|avx2, as the nodes' CPU features are not known)")),
         "{basis}"
     );
+    // The threads llama-server starts on the largest node it may land on (kwok-large, 32
+    // CPUs), with 2 slots.
+    let engine = format!(
+        " + engine {}",
+        modelserve::units::human_bytes(modelserve::gguf::memory::engine::fixed(32, 2))
+    );
     for part in [
         "weights ",
         " + KV ",
@@ -292,17 +298,14 @@ async fn a_quantized_model_counts_the_cpu_repack_and_the_basis_names_every_part(
         " + samplers ",
         " + matmul work ",
         " + graph ",
-        " + engine 32.0 MiB",
+        &engine,
     ] {
         assert!(basis.contains(part), "{part:?} missing from {basis}");
     }
+    let request = c.request.as_deref().unwrap_or_default();
     assert!(
-        c.request
-            .as_deref()
-            .unwrap_or_default()
-            .contains(" cpu=none|avx2"),
-        "{:?}",
-        c.request
+        request.contains(" cpu=none|avx2") && request.contains(" cpus=32"),
+        "{request:?}"
     );
     let (_, _, message) = condition(&s, "Checked");
     assert!(message.contains("CPU repack"), "{message}");

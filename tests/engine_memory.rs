@@ -70,6 +70,7 @@ async fn kv_and_state_equal_the_engines_figures_and_compute_is_within_five_perce
                     ubatch: 512,
                     build: 10587,
                     cpu: "avx2".parse().unwrap(),
+                    cpus: support::cpus(),
                 },
             )
             .unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -7,9 +7,9 @@
 //! settings (every layer on one device; every layer on two devices split 1:3; part of the
 //! layers on two devices, the first blocks on the host), each device's weights, KV cache and
 //! recurrent state must equal the engine's figures, its compute buffer be within 5% of the
-//! engine's, and the host part cover llama-server's peak RSS (`the_host_part`). And for device
-//! sizes emulated with per-device `--fit-target` margins, `decide_on` must offload the layers
-//! llama-fit-params picks.
+//! engine's, and the host part cover llama-server's peak RSS and be at most 1.10 times it (1.25
+//! under 1 GiB). And for device sizes emulated with per-device `--fit-target` margins,
+//! `decide_on` must offload the layers llama-fit-params picks.
 //!
 //! `cargo test --test offload_engine -- --nocapture` prints both tables.
 //!
@@ -17,11 +17,13 @@
 //! llama-server's resident set is what the placement keeps in host memory: the model file's
 //! range mapped for the host's weights (with the devices' tensors that lie between them), the
 //! repack, the KV cache and state of host layers, checkpoints, the host's compute and output
-//! buffers, and the engine's own memory. Its peak is measured from the end of the load through
-//! a load that fills a ubatch (and a checkpoint's window) in every slot: while loading, the
-//! RPC client copies each device tensor into a message before sending it (a transient that
-//! GPUs do not have: CUDA copies from the mapped file), and the file pages of device tensors
-//! outside the host's mapped range are read once and unmapped.
+//! buffers, and the engine's own memory for this machine's CPU count. Its peak is measured from
+//! the end of the load through every slot reading a prompt that fills its context (`load`):
+//! while loading, the RPC client copies each device tensor into a message before sending it (a
+//! transient that GPUs do not have: CUDA copies from the mapped file), and the file pages of
+//! device tensors outside the host's mapped range are read once and unmapped. While serving it
+//! copies the graph's inputs the same way, and the largest such copy is counted with the host
+//! part (`rpc_message`).
 
 mod support;
 
@@ -30,7 +32,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use modelserve::gguf::header::{Header, Value};
-use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
+use modelserve::gguf::memory::{CTX_CHECKPOINTS, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
 use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::Server;
@@ -51,12 +53,17 @@ const COMPUTE: f64 = 0.05;
 /// The host part at most this many times the peak RSS, for models of 1 GiB and more (the goal
 /// of tests/quantized_memory.rs).
 const OVER_LARGE: f64 = 1.10;
-/// The same for the smaller quantized models: with their layers on the devices, what is left in
-/// host memory is mostly the engine's own (vocabulary tables, samplers, its fixed 32 MiB),
-/// which the estimate sizes for a large node. The tiny generated models are held to covering
-/// the peak only: their host part is nearly all `memory::engine::FIXED`, about twice the 20 MiB
-/// a 2-core machine's llama-server keeps.
-const OVER: f64 = 1.5;
+/// The same for the smaller models, as tests/quantized_memory.rs holds them: with their layers
+/// on the devices, what is left in host memory is mostly the engine's own (binary, threads,
+/// vocabulary tables, samplers), a few MiB off being 10% of the whole.
+const OVER: f64 = 1.25;
+/// Models held to more, with why (as in tests/quantized_memory.rs): (file prefix, most).
+const OVER_MODELS: [(&str, f64); 1] = [
+    // The largest vocabulary (262k) on a 64-wide body: nearly all of its host part is the
+    // vocabulary's tables, which the estimate counts per token as the loader and llama_vocab
+    // keep them at their largest, and the samplers and outputs of every slot.
+    ("gemma3-tiny-gemma-4", 1.31),
+];
 
 /// The quantized models of the memory benchmark (tests/quantized_memory.rs): family,
 /// vocabulary, size, type.
@@ -272,6 +279,7 @@ fn flags() -> Flags {
         ubatch: UBATCH,
         build: BUILD,
         cpu: "avx2".parse().unwrap(),
+        cpus: support::cpus(),
     }
 }
 
@@ -370,36 +378,49 @@ async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> s
     r.json().await.unwrap()
 }
 
-/// Every slot busy at once with its own prompt of a ubatch and more (longer by the window a
-/// checkpoint holds, for a model that keeps them: such a prompt leaves the two checkpoints the
-/// estimate counts), so every host buffer is touched.
-async fn load(s: &Server, http: &reqwest::Client, e: &Estimate) {
-    let window = e
-        .checkpoint_window
-        .min((CTX / PARALLEL).saturating_sub(UBATCH + 48));
-    let text = (0..UBATCH + window)
-        .map(|i| format!("item {i} of the inventory, checked and counted."))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let tokens = post(
-        http,
-        format!("{}/tokenize", s.url),
-        serde_json::json!({ "content": text }),
-    )
-    .await["tokens"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let want = usize::try_from(UBATCH + window).unwrap() + 16;
-    assert!(tokens.len() >= want + 8, "{} tokens", tokens.len());
+/// Every slot busy at once with its own prompt that fills its context (but for the few tokens
+/// it then generates), so every host buffer is touched as far as a full context touches it:
+/// the compute buffers' attention masks grow with the cells in use. (A model that keeps
+/// context checkpoints makes its two as such a prompt passes the window.)
+async fn load(s: &Server, http: &reqwest::Client) {
+    const PREDICT: u64 = 4;
+    let want = usize::try_from(CTX / PARALLEL - PREDICT - 4).unwrap();
+    let slots = PARALLEL as usize;
+    // Text of enough tokens for each slot's own prompt, starting apart: tokens per item differ
+    // by vocabulary (a byte-level one takes several times as many).
+    let mut items = want / 4;
+    let tokens = loop {
+        let text = (0..items)
+            .map(|i| format!("item {i} of the inventory, checked and counted."))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let tokens = post(
+            http,
+            format!("{}/tokenize", s.url),
+            serde_json::json!({ "content": text }),
+        )
+        .await["tokens"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if tokens.len() >= want + 8 * slots {
+            break tokens;
+        }
+        assert!(items < 1 << 16, "{} tokens of {items} items", tokens.len());
+        items *= 2;
+    };
     let one = |i: usize| {
         post(
             http,
             format!("{}/completion", s.url),
-            serde_json::json!({ "prompt": &tokens[i..i + want], "n_predict": 4 }),
+            serde_json::json!({ "prompt": &tokens[8 * i..8 * i + want], "n_predict": PREDICT }),
         )
     };
-    futures::future::join_all((0..PARALLEL as usize).map(one)).await;
+    let done = futures::future::join_all((0..slots).map(one)).await;
+    for d in done {
+        let prompt = d["timings"]["prompt_n"].as_u64().unwrap_or(0);
+        assert_eq!(prompt as usize, want, "the whole prompt read: {d}");
+    }
 }
 
 /// MiB with two decimals, as the engine prints them.
@@ -498,7 +519,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
         "KV",
         "state",
         "compute est/eng",
-        "host est/peak RSS"
+        "host est+rpc/peak RSS MiB"
     ));
     for model in chosen(models.0) {
         let name = name(model);
@@ -512,7 +533,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
             let mut s = start(&server, model, servers, &p);
             s.ready(&http).await;
             reset_peak_rss(s.child.id());
-            load(&s, &http, &e).await;
+            load(&s, &http).await;
             let peak = peak_rss(s.child.id());
             let b = Buffers::parse(&s.log_text());
             let (set, at) = (setting.name(), format!("{name} {}", setting.name()));
@@ -541,7 +562,8 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
             let host = &p.host;
             let what = format!("{at} host");
             let repack = b.sum("model", |n| n == "CPU_REPACK");
-            let ratio = host.total as f64 / peak as f64;
+            let message = rpc_message(&h, fa_off);
+            let ratio = (host.total + message) as f64 / peak as f64;
             let line = format!(
                 "{:<38} {:<16} {:<5} {:>15} {:>15} {:>13} {:>13} {:>13} {:>20}",
                 name,
@@ -561,18 +583,20 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
                     t.near(&what, &name, set, "host", host.compute, b.host("compute"))
                 },
                 format!(
-                    "{:.0}/{:.0} {ratio:.2}x",
+                    "{:.1}+{:.0}/{:.1} {ratio:.2}x",
                     host.total as f64 / MIB as f64,
+                    message as f64 / MIB as f64,
                     peak as f64 / MIB as f64
                 ),
             );
             t.lines.push(line);
             let most = if e.weights >= 1 << 30 {
                 OVER_LARGE
-            } else if models.0.quantized.contains(model) {
-                OVER
             } else {
-                f64::INFINITY
+                OVER_MODELS
+                    .iter()
+                    .find(|(m, _)| name.starts_with(m))
+                    .map_or(OVER, |m| m.1)
             };
             if !(1.0..=most).contains(&ratio) {
                 t.failures
@@ -636,6 +660,34 @@ fn close_call(h: &Header, f: &Flags, counts: &[u32], room: &[u64]) -> bool {
                 d.total.abs_diff(room[id]) as f64 <= COMPUTE * d.compute as f64
             })
     })
+}
+
+/// What the RPC client holds in host memory besides the placement's host part: it copies each
+/// tensor it sends a device into one message before sending it (a copy CUDA does not make: it
+/// copies from the host buffer), and the heap keeps the largest. The largest of a full
+/// context's graph inputs is the attention mask, a slot stream's cells by a ubatch (f16 with
+/// flash attention, f32 without), or for a model without attention a ubatch of rows (the token
+/// embeddings, f32).
+fn rpc_message(h: &Header, fa_off: bool) -> u64 {
+    let arch = match h.metadata.get("general.architecture") {
+        Some(Value::String(a)) => a.clone(),
+        _ => return 0,
+    };
+    let key = |k: &str| h.metadata.get(&format!("{arch}.{k}"));
+    let attends = match key("attention.head_count_kv") {
+        Some(Value::Array {
+            items: Some(heads), ..
+        }) => heads.iter().any(|v| v.as_u64().unwrap_or(0) > 0),
+        Some(v) => v.as_u64().unwrap_or(0) > 0,
+        None => false,
+    };
+    let rows = key("embedding_length").and_then(Value::as_u64).unwrap_or(0) * UBATCH * 4;
+    let mask = if attends {
+        CTX / PARALLEL * UBATCH * if fa_off { 4 } else { 2 }
+    } else {
+        0
+    };
+    rows.max(mask)
 }
 
 /// Whether the engine turns flash attention off for this placement: when the host's last block

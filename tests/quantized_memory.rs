@@ -157,6 +157,7 @@ async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
             ubatch: UBATCH,
             build: 10587,
             cpu: "avx2".parse().unwrap(),
+            cpus: support::cpus(),
         },
     )
     .unwrap()

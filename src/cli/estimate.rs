@@ -33,6 +33,10 @@ pub struct Args {
     /// largest of all).
     #[arg(long, default_value = "unknown", value_parser = clap::value_parser!(Tiers))]
     pub cpu: Tiers,
+    /// The nodes' logical CPUs: llama-server starts a thread per CPU and about as many for
+    /// HTTP, whatever the pod's CPU limit, and each takes memory.
+    #[arg(long, default_value_t = memory::engine::DEFAULT_CPUS, value_parser = clap::value_parser!(u64).range(1..=memory::engine::MAX_CPUS))]
+    pub node_cpus: u64,
     /// A GPU's free memory, one flag per GPU (--gpu 24GiB --gpu 24GiB), optionally named
     /// (--gpu A10=22.5GiB): units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB (or Ki, Mi, Gi, Ti).
     #[arg(long = "gpu", value_name = "[NAME=]MEMORY", value_parser = gpu::parse_gpu)]
@@ -83,6 +87,7 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         ubatch: check::UBATCH,
         build: args.engine_build,
         cpu: args.cpu,
+        cpus: args.node_cpus,
     };
     let Verdict {
         first_build,

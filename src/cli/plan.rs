@@ -38,6 +38,10 @@ pub struct Args {
     /// arm-dotprod, several joined by '|', x86, arm, or unknown (the largest of all).
     #[arg(long, default_value = "unknown", value_parser = clap::value_parser!(crate::gguf::memory::repack::Tiers))]
     pub cpu: crate::gguf::memory::repack::Tiers,
+    /// The nodes' logical CPUs: llama-server starts a thread per CPU and about as many for
+    /// HTTP, whatever the pod's CPU limit, and each takes memory.
+    #[arg(long, default_value_t = crate::gguf::memory::engine::DEFAULT_CPUS, value_parser = clap::value_parser!(u64).range(1..=crate::gguf::memory::engine::MAX_CPUS))]
+    pub node_cpus: u64,
     /// Output format.
     #[arg(long, short, value_enum, default_value = "text")]
     pub output: Output,
@@ -65,7 +69,13 @@ pub async fn run(args: Args, out: &mut impl Write) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", RegistryArgs::flag_of(&e)))?;
     let result = resolve::resolve(&hub, &spec).await;
     let ms = ModelServe::new("plan", spec.clone());
-    let p = check::plan(&ms, &args.engine_image, args.engine_build, args.cpu);
+    let p = check::plan(
+        &ms,
+        &args.engine_image,
+        args.engine_build,
+        args.cpu,
+        args.node_cpus,
+    );
     let checked = match &result {
         Ok(r) => Some(check::inspect(&hub, &spec.repo, r, &p).await),
         Err(_) => None,

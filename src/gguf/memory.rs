@@ -68,10 +68,14 @@ pub struct Flags {
     pub build: u32,
     /// The CPU code the replicas may run, capped by the engine's (the largest repack counts).
     pub cpu: repack::Tiers,
+    /// The most logical CPUs of a node the replicas may run on: llama-server starts its threads
+    /// by them (`engine::threads`).
+    pub cpus: u64,
 }
 
 impl Flags {
-    /// The settings within their bounds (`MAX_CTX_SIZE`, `MAX_SLOTS`, `MAX_UBATCH`).
+    /// The settings within their bounds (`MAX_CTX_SIZE`, `MAX_SLOTS`, `MAX_UBATCH`,
+    /// `engine::MAX_CPUS`).
     pub fn check(&self) -> Result<(), BoundsError> {
         for (flag, value, limit) in [
             ("the context size (--ctx-size)", self.ctx_size, MAX_CTX_SIZE),
@@ -81,6 +85,7 @@ impl Flags {
                 self.ubatch,
                 MAX_UBATCH,
             ),
+            ("the node's CPU count", self.cpus, engine::MAX_CPUS),
         ] {
             if value > limit {
                 return Err(BoundsError::Setting { flag, value, limit });
@@ -439,6 +444,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
             parallel: bytes(parallel),
             ubatch: bytes(ubatch),
             widest: bytes(widest),
+            cpus: f.cpus,
         },
     );
     let overhead = u128::from(eng.total());
@@ -548,7 +554,8 @@ pub(crate) fn tensor_bytes(t: &TensorInfo) -> Option<u64> {
 fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
     let compute = 512 << 20;
     let margin = weights / 10;
-    let fixed = u128::from(engine::FIXED);
+    let engine_fixed = engine::fixed(f.cpus, f.parallel);
+    let fixed = u128::from(engine_fixed);
     let (repack, tier, _) = repack::largest(h, f.cpu);
     let total = (weights + u128::from(repack) + margin + compute + fixed).div_ceil(1 << 20) << 20;
     let e = Estimate {
@@ -561,10 +568,10 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         checkpoint_window: 0,
         compute: bytes(compute + margin),
         engine: engine::Engine {
-            fixed: engine::FIXED,
+            fixed: engine_fixed,
             ..Default::default()
         },
-        overhead: engine::FIXED,
+        overhead: engine_fixed,
         total: bytes(total),
         kv_bytes_per_token: 0,
         fallback: true,
@@ -572,7 +579,7 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
             "FALLBACK: the header lacks {arch}.block_count or {arch}.embedding_length, so the KV cache cannot be computed; estimate = weights {} + CPU repack {} + 10% + 512 MiB + engine {}",
             human_bytes(bytes(weights)),
             human_bytes(repack),
-            human_bytes(engine::FIXED)
+            human_bytes(engine_fixed)
         ),
     };
     Parts {

@@ -784,3 +784,20 @@ pub fn http_get_status(addr: &str, path: &str) -> Option<u16> {
         .parse()
         .ok()
 }
+
+/// This machine's online logical CPUs, as llama-server counts them to start its threads
+/// (`std::thread::hardware_concurrency`): the node size the engine tests estimate for.
+pub fn cpus() -> u64 {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| {
+            s.trim()
+                .split(',')
+                .map(|r| match r.split_once('-') {
+                    Some((a, b)) => Some(b.parse::<u64>().ok()? + 1 - a.parse::<u64>().ok()?),
+                    None => r.parse::<u64>().ok().map(|_| 1),
+                })
+                .sum::<Option<u64>>()
+        })
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}

@@ -16,6 +16,7 @@ fn flags(ctx: u64) -> Flags {
         ubatch: 512,
         build: BUILD,
         cpu: crate::gguf::memory::repack::Tiers::ANY,
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     }
 }
 

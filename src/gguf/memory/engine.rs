@@ -22,12 +22,34 @@ pub const SAMPLER_PER_TOKEN: u64 = 12;
 pub const PER_GRAPH_NODE: u64 = 1536;
 /// The fewest graph nodes llama.cpp reserves.
 const MIN_GRAPH_NODES: u64 = 1024;
-/// Resident memory of llama-server with no model to speak of: binary, libraries, threads,
-/// HTTP server. Measured against the test bed's build (a 2-layer model with 289 tokens, 2
-/// cores): 20 MiB peak RSS with every buffer in it, 12.4 MiB of it the binary's pages, 11
-/// threads. The rest of the 32 is room for the threads of a large node: llama-server starts one
-/// compute thread per core and about as many HTTP threads, whatever the pod's CPU limit.
-pub const FIXED: u64 = 32 << 20;
+/// Resident memory of llama-server besides its buffers, tables and threads, whatever the node:
+/// the binary's and libraries' pages (12.4 MiB of the test bed's build), the heap's base, and
+/// the requests of full slots in flight (their JSON, token lists and responses): 21.5 MiB.
+/// Measured against the test bed's build with every slot's context filled: 17.5-21 MiB beside
+/// the other parts (tests/offload_engine.rs, on 2 CPUs).
+pub const BASE: u64 = 43 << 19;
+/// One thread's resident stack and heap under load: 56 KiB measured from 7 to 132 threads.
+pub const PER_THREAD: u64 = 64 << 10;
+/// The logical CPUs assumed of a node the estimate does not know (the CLI without
+/// `--node-cpus`): a large one.
+pub const DEFAULT_CPUS: u64 = 128;
+/// The most CPUs counted: more is taken for this many (a node's status is input like any other).
+pub const MAX_CPUS: u64 = 4096;
+
+/// The threads llama-server starts on a node of `cpus` logical CPUs, with `parallel` slots and
+/// its default flags, whatever the pod's CPU limit: a compute thread per core (at most one per
+/// CPU), max(parallel + 4, cpus - 1) HTTP threads, and 4 more (main, the slots' loop, the
+/// listener, the log).
+pub fn threads(cpus: u64, parallel: u64) -> u64 {
+    let cpus = cpus.clamp(1, MAX_CPUS);
+    let http = parallel.saturating_add(4).max(cpus - 1);
+    cpus.saturating_add(http).saturating_add(4)
+}
+
+/// The engine's memory outside its buffers and tables on a node of `cpus` logical CPUs.
+pub fn fixed(cpus: u64, parallel: u64) -> u64 {
+    BASE.saturating_add(PER_THREAD.saturating_mul(threads(cpus, parallel)))
+}
 
 /// The parts, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,6 +85,8 @@ pub struct Shape {
     /// The widest activation row a matmul reads: max(n_ff, n_embd, heads × head width, used
     /// experts × expert width).
     pub widest: u64,
+    /// The most logical CPUs of a node the replicas may run on.
+    pub cpus: u64,
 }
 
 /// The engine parts for a model of this header and shape.
@@ -115,7 +139,7 @@ pub fn parts(h: &Header, s: &Shape) -> Engine {
         output: s.vocab.saturating_mul(4).saturating_mul(s.parallel),
         work,
         graph: nodes.saturating_mul(PER_GRAPH_NODE),
-        fixed: FIXED,
+        fixed: fixed(s.cpus, s.parallel),
     }
 }
 
@@ -147,6 +171,7 @@ mod tests {
             parallel: 4,
             ubatch: 512,
             widest: 10240,
+            cpus: 2,
         };
         let e = parts(&h, &s);
         assert_eq!(e.vocab, 262_144 * PER_TOKEN + 514_906 * PER_MERGE);
@@ -159,5 +184,24 @@ mod tests {
         assert_eq!(e.output, 262_144 * 4 * 4);
         assert_eq!(e.work, 512 * 10240 * 292 / 256);
         assert_eq!(e.graph, 1024 * PER_GRAPH_NODE);
+        assert_eq!(e.fixed, BASE + 14 * PER_THREAD, "2 + 8 + 4 threads");
+    }
+
+    #[test]
+    fn the_threads_follow_the_node_not_the_model() {
+        // llama-server on this 2-CPU machine with 2 slots: 12 threads.
+        assert_eq!(threads(2, 2), 12);
+        // HTTP threads: at least parallel + 4, else one fewer than the CPUs.
+        assert_eq!(threads(2, 32), 2 + 36 + 4);
+        assert_eq!(threads(128, 4), 128 + 127 + 4);
+        // A node reporting no CPU or absurdly many is taken within bounds.
+        assert_eq!(threads(0, 1), threads(1, 1));
+        assert_eq!(threads(u64::MAX, 1), threads(MAX_CPUS, 1));
+        assert!(fixed(DEFAULT_CPUS, 4) > fixed(2, 4));
+        assert!(
+            (36 << 20..40 << 20).contains(&fixed(DEFAULT_CPUS, 4)),
+            "a large node: about 38 MiB, {}",
+            fixed(DEFAULT_CPUS, 4)
+        );
     }
 }

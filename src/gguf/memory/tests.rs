@@ -10,6 +10,7 @@ fn flags(ctx: u64, parallel: u64) -> Flags {
         ubatch: 512,
         build: 10000,
         cpu: repack::Tiers::ANY,
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     }
 }
 
@@ -251,6 +252,7 @@ fn an_unchecked_absurd_header_and_settings_are_clamped_never_overflowed() {
         ubatch: u64::MAX,
         build: u32::MAX,
         cpu: repack::Tiers::ANY,
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     };
     let start = std::time::Instant::now();
     let e = estimate(&h, &f);

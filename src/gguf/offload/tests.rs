@@ -16,6 +16,7 @@ pub(super) fn flags(ctx: u64, parallel: u64) -> Flags {
         ubatch: 512,
         build: 10000,
         cpu: repack::Tiers::one(repack::Tier::None),
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     }
 }
 
@@ -509,6 +510,7 @@ fn an_absurd_header_is_placed_and_decided_quickly_without_overflow() {
         ubatch: u64::MAX,
         build: u32::MAX,
         cpu: repack::Tiers::ANY,
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     };
     let start = std::time::Instant::now();
     let p = place(&h, &f, u32::MAX, &[1.0, 2.0]).unwrap();

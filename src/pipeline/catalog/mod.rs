@@ -91,7 +91,7 @@ async fn catalog(
         .mirror_url
         .clone()
         .ok_or(CatalogFailure::MirrorNotConfigured)?;
-    // The build only: the CPU code does not change the objects.
+    // The build only: the CPU code and count do not change the objects.
     let accelerator = ms
         .spec
         .engine
@@ -104,6 +104,7 @@ async fn catalog(
         default_image,
         env.settings.engine_build,
         crate::gguf::memory::repack::Tiers::ANY,
+        crate::gguf::memory::engine::DEFAULT_CPUS,
     );
     let settings = Settings {
         engine_image: default_image.to_string(),

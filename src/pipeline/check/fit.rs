@@ -18,6 +18,9 @@ pub struct Candidate {
     pub memory: u64,
     /// The CPU code it may run (its Node Feature Discovery labels, or its architecture).
     pub cpu: Tiers,
+    /// Its logical CPUs (`status.capacity.cpu`: llama-server starts its threads by the
+    /// hardware, not by the pod's CPU limit), 0 when it does not say.
+    pub cpus: u64,
 }
 
 /// The nodes a replica could be scheduled on, by nodeSelector, taints and cordons.
@@ -73,8 +76,25 @@ pub fn candidates(
                 .and_then(|q| parse_quantity(&q.0))
                 .unwrap_or(0),
             cpu: cpu::tiers(n.labels()),
+            cpus: n
+                .status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("cpu"))
+                .and_then(|q| parse_quantity(&q.0))
+                .unwrap_or(0),
         })
         .collect()
+}
+
+/// The most logical CPUs of the nodes a replica may land on, within `engine::MAX_CPUS`; a
+/// large node's (`engine::DEFAULT_CPUS`) when none says.
+pub fn most_cpus(nodes: &[Candidate]) -> u64 {
+    use crate::gguf::memory::engine::{DEFAULT_CPUS, MAX_CPUS};
+    match nodes.iter().map(|c| c.cpus).max() {
+        Some(n) if n > 0 => n.min(MAX_CPUS),
+        _ => DEFAULT_CPUS,
+    }
 }
 
 /// Whether some candidate holds `needed` bytes; the message says where or by how much not.

@@ -423,6 +423,7 @@ mod tests {
             ubatch: 512,
             build: 10587,
             cpu: repack::Tiers::one(repack::Tier::None),
+            cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
         }
     }
 

@@ -114,8 +114,15 @@ pub struct GpuCheck {
 }
 
 /// The nodes' build and the server flags for `ms`, from the spec and the operator's
-/// configuration, for replicas that may run the CPU code `cpu`.
-pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>, cpu: Tiers) -> Plan {
+/// configuration, for replicas that may run the CPU code `cpu` on nodes of at most `cpus`
+/// logical CPUs.
+pub fn plan(
+    ms: &ModelServe,
+    default_image: &str,
+    build_override: Option<u32>,
+    cpu: Tiers,
+    cpus: u64,
+) -> Plan {
     let image = ms
         .spec
         .engine
@@ -145,6 +152,7 @@ pub fn plan(ms: &ModelServe, default_image: &str, build_override: Option<u32>, c
             ubatch: UBATCH,
             build,
             cpu,
+            cpus,
         },
         gpu: None,
     }
@@ -156,13 +164,14 @@ pub const LATEST_KNOWN_BUILD: u32 = 10587;
 /// What status.check.request records for this check.
 pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
     let base = format!(
-        "{}@{} ctx={} parallel={} build=b{} cpu={}",
+        "{}@{} ctx={} parallel={} build=b{} cpu={} cpus={}",
         r.set,
         r.commit,
         p.flags.ctx_size,
         p.flags.parallel,
         p.build,
-        p.flags.cpu.key()
+        p.flags.cpu.key(),
+        p.flags.cpus
     );
     match &p.gpu {
         None => base,
@@ -315,7 +324,8 @@ pub async fn run(
     // The pod may land on any candidate: the estimate counts the largest repack among them.
     let cpu = cpu::union(candidates.iter().map(|c| &c.cpu)).capped(env.settings.engine_cpu);
     let default_image = env.settings.engine_image_for(engine.accelerator());
-    let mut p = plan(ms, default_image, env.settings.engine_build, cpu);
+    let cpus = fit::most_cpus(&candidates);
+    let mut p = plan(ms, default_image, env.settings.engine_build, cpu, cpus);
     let image = engine.image.as_deref().unwrap_or(default_image);
     match gpu::Request::of(&engine, image, env.settings.gpu_headroom) {
         Ok(None) => {}
@@ -450,12 +460,13 @@ mod tests {
             "ghcr.io/ggml-org/llama.cpp:server-b6500",
             None,
             Tiers::ANY,
+            8,
         );
         assert_eq!(
             (p.build, p.build_note.clone(), p.flags.parallel),
             (6500, None, 4)
         );
-        let p = plan(&ms, "llama.cpp:latest", None, Tiers::ANY);
+        let p = plan(&ms, "llama.cpp:latest", None, Tiers::ANY, 8);
         assert!(p.build_note.unwrap().contains("names no build"));
         ms.spec.engine = Some(crate::api::EngineSpec {
             image: Some("x:server-cuda-b7000".into()),
@@ -466,11 +477,12 @@ mod tests {
                 &ms,
                 "ghcr.io/ggml-org/llama.cpp:server-b6500",
                 None,
-                Tiers::ANY
+                Tiers::ANY,
+                8
             )
             .build,
             7000
         );
-        assert_eq!(plan(&ms, "y", Some(5000), Tiers::ANY).build, 5000);
+        assert_eq!(plan(&ms, "y", Some(5000), Tiers::ANY, 8).build, 5000);
     }
 }

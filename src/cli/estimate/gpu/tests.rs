@@ -45,6 +45,7 @@ fn flags() -> Flags {
         ubatch: 512,
         build: 10000,
         cpu: repack::Tiers::one(repack::Tier::None),
+        cpus: crate::gguf::memory::engine::DEFAULT_CPUS,
     }
 }
 
