@@ -5,8 +5,11 @@
 use std::ops::Range;
 
 use super::{Backend, DeviceShare, HostShare, Placement};
-use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
+use crate::gguf::bounds::{
+    EMBEDDING, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH, MAX_SLOTS, MAX_UBATCH, VALUE_LENGTH,
+};
 use crate::gguf::header::{Header, TensorInfo};
+use crate::gguf::hparams::Hp;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
@@ -90,6 +93,9 @@ pub(super) struct Model {
     output_largest: u64,
     /// `token_embd`'s bytes when it doubles as the output (no `output.weight`), else 0.
     tied: u64,
+    /// The last block's attention phase for one ubatch (`last_attention`); 0 where the block is
+    /// not plain attention.
+    last_attention: u128,
     parts: Parts,
     /// The settings as `memory` bounds them.
     ubatch: u64,
@@ -111,6 +117,7 @@ impl Model {
             output: 0,
             output_largest: 0,
             tied: 0,
+            last_attention: 0,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
             parallel: f.parallel.clamp(1, MAX_SLOTS),
@@ -138,6 +145,7 @@ impl Model {
             }
         }
         m.output_largest = m.output_largest.max(m.tied);
+        m.last_attention = last_attention(h, n, m.ubatch, m.parts.residual);
         m
     }
 
@@ -297,7 +305,14 @@ impl Model {
             let blocks = !s.layers.is_empty();
             // Outside a pipeline the split's copy of the masks is freed before the logits.
             let masks_freed = if pipeline { 0 } else { m };
-            let mut c = if blocks { block + masks_freed } else { 0 };
+            // The model's last block alone: its FFN runs on the output rows only
+            // (`inp_out_ids`), so the attention sets the peak.
+            let phase = if self.last_only(&s.layers) {
+                self.last_attention
+            } else {
+                block
+            };
+            let mut c = if blocks { phase + masks_freed } else { 0 };
             if first(s) {
                 c += u128::from(p.scaled);
             }
@@ -367,6 +382,12 @@ impl Model {
     /// Whether `layers` hold a recurrent layer with a mamba2 chain.
     fn runs_scan(&self, layers: &Range<u32>) -> bool {
         self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
+    }
+
+    /// Whether `layers` are the model's last block alone, an attention block whose phase is
+    /// known.
+    fn last_only(&self, layers: &Range<u32>) -> bool {
+        self.last_attention > 0 && layers.len() == 1 && layers.end == self.n_layer
     }
 
     /// Whether `layers` hold two recurrent layers in a row (`memory::Scan::follow`).
@@ -508,6 +529,49 @@ impl Model {
             last = last.max(t.offset.saturating_add(bytes));
         }
         last.saturating_sub(first)
+    }
+}
+
+/// The rows alive at the attention's peak in the model's last block, for `tokens` tokens
+/// (traced, b11312): the graph gathers the output rows (`inp_out_ids`) before that block's FFN,
+/// so where the block runs alone on a device its FFN is a few rows and the attention is its
+/// peak. With separate projections: the block's input, its norm, the query and the roped query;
+/// with a fused one (`attn_qkv`): the input, the roped query in the norm's freed place, the
+/// fused query, key and value, and the roped key. Zero where the last block has no such
+/// projections (recurrent layers, latent attention) or the header lacks the head shapes.
+fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: u64) -> u128 {
+    let Some(last) = n_layer.checked_sub(1) else {
+        return 0;
+    };
+    let has = |t: &str| {
+        let name = format!("blk.{last}.{t}.weight");
+        h.tensors.iter().any(|x| x.name == name)
+    };
+    let hp = Hp::new(h);
+    let il = last as u64;
+    let (Some(n_embd), Some(heads)) = (hp.u(&EMBEDDING), hp.per_layer(&HEAD_COUNT, il)) else {
+        return 0;
+    };
+    let heads_kv = hp.per_layer(&HEAD_COUNT_KV, il).unwrap_or(heads);
+    let Some(head_k) = hp.u(&KEY_LENGTH).or_else(|| n_embd.checked_div(heads)) else {
+        return 0;
+    };
+    let head_v = hp.u(&VALUE_LENGTH).unwrap_or(head_k);
+    let row = |width: u64| u128::from(width) * u128::from(tokens) * 4;
+    let (q, k, v) = (
+        row(heads * head_k),
+        row(heads_kv * head_k),
+        row(heads_kv * head_v),
+    );
+    let r = u128::from(residual);
+    if heads_kv == 0 {
+        0
+    } else if has("attn_qkv") {
+        r + q + (q + k + v) + k
+    } else if has("attn_q") && has("attn_k") && has("attn_v") {
+        2 * r + 2 * q
+    } else {
+        0
     }
 }
 

@@ -210,6 +210,59 @@ fn a_second_mamba2_layer_in_a_row_lands_above_the_first_ones_scan() {
 }
 
 #[test]
+fn a_device_with_only_the_last_block_peaks_in_its_attention() {
+    // Two blocks with separate query, key and value projections (8 heads of 128, 2 for the
+    // keys and values): the last block's FFN runs on the output rows only.
+    let mut m = Model::llama(2, 16 * MIB);
+    m.kv = vec![
+        ("attention.head_count", Value::U32(8)),
+        ("attention.head_count_kv", Value::U32(2)),
+    ];
+    let f = flags(8192, 2);
+    let plain = m.header();
+    let mut h = plain.clone();
+    for t in ["attn_q", "attn_k", "attn_v"] {
+        let dims = if t == "attn_q" { N_EMBD } else { 256 };
+        h.tensors.push(crate::gguf::header::TensorInfo {
+            name: format!("blk.1.{t}.weight"),
+            dims: vec![N_EMBD, dims],
+            ggml_type: 0,
+            offset: 0,
+        });
+    }
+    let p = parts(&h, &f);
+    let partial = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.devices[0].layers, 1..2);
+    // The block's input, its norm, the query and the roped query (as wide as the embeddings).
+    assert_eq!(
+        partial.devices[0].compute,
+        4 * p.residual + p.masks,
+        "the attention, not the FFN"
+    );
+    assert!(p.activations - p.residual > 3 * p.residual);
+    // A fused projection keeps the query, key and value at once, and the roped key.
+    let mut fused = plain.clone();
+    fused.tensors.push(crate::gguf::header::TensorInfo {
+        name: "blk.1.attn_qkv.weight".into(),
+        dims: vec![N_EMBD, N_EMBD + 512],
+        ggml_type: 0,
+        offset: 0,
+    });
+    let kv = p.residual / 4;
+    let fused = place_on(&fused, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        fused.devices[0].compute,
+        p.residual + p.residual + (p.residual + 2 * kv) + kv + p.masks
+    );
+    // Without the projections' tensors (the hand-built header's blocks) nothing changes.
+    let before = place_on(&plain, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        before.devices[0].compute,
+        p.activations - p.residual + p.masks
+    );
+}
+
+#[test]
 fn a_pipelines_output_device_keeps_its_input_copies_beside_the_logits() {
     // A narrow FFN and many slots: the slots' logits outweigh the block.
     let mut m = Model::llama(4, MIB);
