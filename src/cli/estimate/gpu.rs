@@ -460,6 +460,7 @@ impl Offload {
                 "compute": h.compute,
                 "outputBuffer": h.output_buffer,
                 "overhead": h.overhead,
+                "runtime": h.runtime,
                 "total": h.total,
             },
             "outputCopy": p.output_copy,
@@ -545,11 +546,12 @@ impl Offload {
         }
         out += &format!(
             "\nthe host's total also holds: repack {} MiB, checkpoints {} MiB, output buffer {} MiB, \
-             engine {} MiB\n",
+             engine {} MiB, GPU runtime {} MiB (assumed)\n",
             mib(h.repack),
             mib(h.checkpoints),
             mib(h.output_buffer),
-            mib(h.overhead)
+            mib(h.overhead),
+            mib(h.runtime)
         );
         out
     }

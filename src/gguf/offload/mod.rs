@@ -22,8 +22,9 @@
 //!   `model::Model::compute`.
 //! - The logits' output buffer (`llama_context::output_reserve`) is in host memory.
 //!
-//! Not modelled: the memory of the GPU runtime itself (CUDA context, cuBLAS workspaces, a few
-//! hundred MiB), which the margin (`--fit-target`, 1 GiB by default) stands for; `-ot`,
+//! Not modelled: the GPU memory of the runtime itself (CUDA context, cuBLAS workspaces, a few
+//! hundred MiB), which the margin (`--fit-target`, 1 GiB by default) stands for (its host memory
+//! is an assumption, `Backend::runtime_host`); `-ot`,
 //! `--cpu-moe` and row split; `--no-kv-offload`.
 
 mod fit;
@@ -55,13 +56,27 @@ pub struct Backend {
     /// (the device's `offload_op`: CUDA, Vulkan and SYCL do, RPC does not), copying the weight
     /// into its compute buffer.
     pub op_offload: bool,
+    /// Host memory the GPU runtime keeps in the server's process, besides the model's buffers:
+    /// the driver's and the runtime libraries' pages, the kernels it loads, its staging
+    /// buffers. The pod's memory limit is the host part, so it must hold this too. Not
+    /// measured here (the test bed has no GPU): gguf-parser-go's default RAM footprint for a
+    /// platform, 150 MiB; testbed/gpu-check.sh compares the host part with a CUDA server's
+    /// peak RSS.
+    pub runtime_host: u64,
 }
 
 impl Backend {
     /// NVIDIA GPUs, what the operator places on.
-    pub const CUDA: Backend = Backend { op_offload: true };
-    /// llama.cpp's RPC backend (`rpc-server` devices, `llama-server --rpc`).
-    pub const RPC: Backend = Backend { op_offload: false };
+    pub const CUDA: Backend = Backend {
+        op_offload: true,
+        runtime_host: 150 << 20,
+    };
+    /// llama.cpp's RPC backend (`rpc-server` devices, `llama-server --rpc`): its client keeps
+    /// no runtime of its own.
+    pub const RPC: Backend = Backend {
+        op_offload: false,
+        runtime_host: 0,
+    };
 }
 
 /// A GPU a replica may use.
@@ -112,6 +127,8 @@ pub struct HostShare {
     pub output_buffer: u64,
     /// The engine's memory outside its buffers (`memory::engine`) but the output buffer.
     pub overhead: u64,
+    /// The GPU runtime's own (`Backend::runtime_host`), when any GPU is used.
+    pub runtime: u64,
     /// All of the above but `weights` (what of them is resident is `mapped`), rounded up to a
     /// MiB as `memory::estimate` rounds its total.
     pub total: u64,

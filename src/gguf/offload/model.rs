@@ -437,6 +437,9 @@ impl Model {
         let (devices, mut host, output_copy) = self.shares(ngl, split.len(), cumulative);
         let (repack, tier) = self.host_repack(h, &devices, &host);
         host.repack = repack;
+        if !split.is_empty() {
+            host.runtime = self.backend.runtime_host;
+        }
         host.mapped = match tier {
             Some(tier) => self.host_mapped(h, &host, tier),
             None => host.weights,
@@ -450,6 +453,7 @@ impl Model {
             host.compute,
             host.output_buffer,
             host.overhead,
+            host.runtime,
         ];
         let sum: u128 = parts.iter().map(|b| u128::from(*b)).sum();
         host.total = clamp(sum.div_ceil(1 << 20) << 20);

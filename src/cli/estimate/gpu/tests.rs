@@ -337,11 +337,17 @@ fn the_json_has_every_figure_per_device_and_host() {
             "overhead",
             "recurrent",
             "repack",
+            "runtime",
             "total",
             "weights"
         ]
     );
     assert_eq!(j["host"]["layers"]["count"], 0);
+    // A GPU server's host memory holds the CUDA runtime's own too: the pod's limit must.
+    assert_eq!(
+        j["host"]["runtime"].as_u64(),
+        Some(crate::gguf::offload::Backend::CUDA.runtime_host)
+    );
     let e = estimate(&h, &f);
     let weights: u64 = devices
         .iter()
