@@ -24,10 +24,11 @@ pub const PER_GRAPH_NODE: u64 = 1536;
 const MIN_GRAPH_NODES: u64 = 1024;
 /// Resident memory of llama-server besides its buffers, tables and threads, whatever the node:
 /// the binary's and libraries' pages (12.4 MiB of the test bed's build), the heap's base, and
-/// the requests of full slots in flight (their JSON, token lists and responses): 21.5 MiB.
-/// Measured against the test bed's build with every slot's context filled: 17.5-21 MiB beside
-/// the other parts (tests/offload_engine.rs, on 2 CPUs).
-pub const BASE: u64 = 43 << 19;
+/// the requests of full slots in flight (their JSON, token lists and responses). Measured against
+/// the test bed's build with every slot's context filled (tests/offload_engine.rs, on 2 CPUs):
+/// 17.5-21 MiB beside the other parts on a quiet machine, and up to 3 MiB more on a busy one
+/// (mamba2-bench with its first layers on the host, run beside other tests): 24.5 MiB.
+pub const BASE: u64 = 49 << 19;
 /// One thread's resident stack and heap under load: 56 KiB measured from 7 to 132 threads.
 pub const PER_THREAD: u64 = 64 << 10;
 /// The logical CPUs assumed of a node the estimate does not know (the CLI without
@@ -199,8 +200,8 @@ mod tests {
         assert_eq!(threads(u64::MAX, 1), threads(MAX_CPUS, 1));
         assert!(fixed(DEFAULT_CPUS, 4) > fixed(2, 4));
         assert!(
-            (36 << 20..40 << 20).contains(&fixed(DEFAULT_CPUS, 4)),
-            "a large node: about 38 MiB, {}",
+            (39 << 20..43 << 20).contains(&fixed(DEFAULT_CPUS, 4)),
+            "a large node: about 41 MiB, {}",
             fixed(DEFAULT_CPUS, 4)
         );
     }
