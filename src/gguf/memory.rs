@@ -68,14 +68,12 @@ pub struct Flags {
     pub build: u32,
     /// The CPU code the replicas may run, capped by the engine's (the largest repack counts).
     pub cpu: repack::Tiers,
-    /// The most logical CPUs of a node the replicas may run on: llama-server starts its threads
-    /// by them (`engine::threads`).
+    /// The most logical CPUs of a node the replicas may run on (`engine::threads`).
     pub cpus: u64,
 }
 
 impl Flags {
-    /// The settings within their bounds (`MAX_CTX_SIZE`, `MAX_SLOTS`, `MAX_UBATCH`,
-    /// `engine::MAX_CPUS`).
+    /// The settings within their bounds (`MAX_*`, `engine::MAX_CPUS`).
     pub fn check(&self) -> Result<(), BoundsError> {
         for (flag, value, limit) in [
             ("the context size (--ctx-size)", self.ctx_size, MAX_CTX_SIZE),
@@ -552,12 +550,11 @@ pub(crate) fn tensor_bytes(t: &TensorInfo) -> Option<u64> {
 
 /// The estimate of a header without shapes: no KV, and a rough compute buffer.
 fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
-    let compute = 512 << 20;
-    let margin = weights / 10;
+    let (compute, margin): (u128, u128) = (512 << 20, weights / 10);
     let engine_fixed = engine::fixed(f.cpus, f.parallel);
-    let fixed = u128::from(engine_fixed);
     let (repack, tier, _) = repack::largest(h, f.cpu);
-    let total = (weights + u128::from(repack) + margin + compute + fixed).div_ceil(1 << 20) << 20;
+    let parts = weights + u128::from(repack) + margin + compute + u128::from(engine_fixed);
+    let total = parts.div_ceil(1 << 20) << 20;
     let e = Estimate {
         weights: bytes(weights),
         repack,
