@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Toleration};
+use k8s_openapi::api::core::v1::{Node, NodeStatus, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use super::cpu;
@@ -66,23 +67,22 @@ pub fn candidates(
                     })
                 })
         })
-        .map(|n| Candidate {
-            name: n.name_any(),
-            memory: n
-                .status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .and_then(|a| a.get("memory"))
-                .and_then(|q| parse_quantity(&q.0))
-                .unwrap_or(0),
-            cpu: cpu::tiers(n.labels()),
-            cpus: n
-                .status
-                .as_ref()
-                .and_then(|s| s.capacity.as_ref())
-                .and_then(|c| c.get("cpu"))
-                .and_then(|q| parse_quantity(&q.0))
-                .unwrap_or(0),
+        .map(|n| {
+            // A quantity of the node's status, 0 when it does not say.
+            let status = |field: fn(&NodeStatus) -> Option<&BTreeMap<String, Quantity>>, key| {
+                n.status
+                    .as_ref()
+                    .and_then(field)
+                    .and_then(|m| m.get(key))
+                    .and_then(|q| parse_quantity(&q.0))
+                    .unwrap_or(0)
+            };
+            Candidate {
+                name: n.name_any(),
+                memory: status(|s| s.allocatable.as_ref(), "memory"),
+                cpu: cpu::tiers(n.labels()),
+                cpus: status(|s| s.capacity.as_ref(), "cpu"),
+            }
         })
         .collect()
 }
@@ -150,8 +150,7 @@ pub fn requested(engine: &EngineSpec, needed: u64) -> Result<(u64, Option<String
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, Taint};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
 
     fn node(
         name: &str,
@@ -169,6 +168,7 @@ mod tests {
         );
         n.status = Some(NodeStatus {
             allocatable: Some([("memory".to_string(), Quantity(mem.into()))].into()),
+            capacity: Some([("cpu".to_string(), Quantity(name.len().to_string()))].into()),
             ..Default::default()
         });
         n.spec = Some(NodeSpec {
@@ -186,6 +186,29 @@ mod tests {
 
     fn engine(resources: serde_json::Value) -> EngineSpec {
         serde_json::from_value(serde_json::json!({ "resources": resources })).unwrap()
+    }
+
+    #[test]
+    fn the_threads_are_counted_for_the_largest_node_a_replica_may_land_on() {
+        // The test nodes have as many CPUs as their names have letters.
+        let nodes = [
+            node("small", "8Gi", &[], None),
+            node("larger", "8Gi", &[], None),
+        ];
+        let c = candidates(&nodes, &BTreeMap::new(), &[]);
+        assert_eq!(c.iter().map(|c| c.cpus).collect::<Vec<_>>(), [5, 6]);
+        assert_eq!(most_cpus(&c), 6);
+        // None, or none that says: a large node's.
+        assert_eq!(most_cpus(&[]), crate::gguf::memory::engine::DEFAULT_CPUS);
+        let mut silent = c.clone();
+        silent.iter_mut().for_each(|c| c.cpus = 0);
+        assert_eq!(
+            most_cpus(&silent),
+            crate::gguf::memory::engine::DEFAULT_CPUS
+        );
+        // A node claiming absurdly many is taken for the most counted.
+        silent[0].cpus = u64::MAX;
+        assert_eq!(most_cpus(&silent), crate::gguf::memory::engine::MAX_CPUS);
     }
 
     #[test]
