@@ -30,13 +30,12 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use modelserve::gguf::header::{Header, Value};
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
 use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
 use modelserve::gguf::{FileSource, read_header};
-use support::engine::Server;
+use support::engine::{Server, inventory_tokens, post};
 use support::models::quantized;
 use support::rpc::{
     Buffers, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
@@ -345,18 +344,6 @@ fn start(server: &Path, model: &Path, servers: &[RpcServer], p: &Placement) -> S
     Server::start(server, model, &args)
 }
 
-async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> serde_json::Value {
-    let r = http
-        .post(&url)
-        .json(&body)
-        .timeout(Duration::from_secs(600))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    assert!(r.status().is_success(), "{url}: {}", r.status());
-    r.json().await.unwrap()
-}
-
 /// Every slot busy at once with its own prompt that fills its context (but for the few tokens
 /// it then generates), so every host buffer is touched as far as a full context touches it:
 /// the compute buffers' attention masks grow with the cells in use. (A model that keeps
@@ -369,19 +356,7 @@ async fn load(s: &Server, http: &reqwest::Client) {
     // by vocabulary (a byte-level one takes several times as many).
     let mut items = want / 4;
     let tokens = loop {
-        let text = (0..items)
-            .map(|i| format!("item {i} of the inventory, checked and counted."))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let tokens = post(
-            http,
-            format!("{}/tokenize", s.url),
-            serde_json::json!({ "content": text }),
-        )
-        .await["tokens"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let tokens = inventory_tokens(s, http, items).await;
         if tokens.len() >= want + 8 * slots {
             break tokens;
         }

@@ -10,12 +10,11 @@
 mod support;
 
 use std::path::Path;
-use std::time::Duration;
 
 use futures::FutureExt;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
-use support::engine::{Server, logged};
+use support::engine::{Server, inventory_tokens, logged, post};
 use support::models::quantized;
 use support::{testbed_script, testbed_script_with};
 
@@ -68,18 +67,6 @@ fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
     Server::start(server, model, &args)
 }
 
-async fn post(http: &reqwest::Client, url: String, body: serde_json::Value) -> serde_json::Value {
-    let r = http
-        .post(&url)
-        .json(&body)
-        .timeout(Duration::from_secs(600))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
-    assert!(r.status().is_success(), "{url}: {}", r.status());
-    r.json().await.unwrap()
-}
-
 /// Every slot busy at once, one with a prompt of a ubatch and more (every one, when the model
 /// keeps context checkpoints, and longer by the `window` each checkpoint holds: such a prompt
 /// leaves the two full checkpoints the estimate counts); then the peak RSS.
@@ -90,19 +77,7 @@ async fn peak_under_load(
     checkpoints: bool,
     window: u64,
 ) -> u64 {
-    let text = (0..UBATCH + window)
-        .map(|i| format!("item {i} of the inventory, checked and counted."))
-        .collect::<Vec<_>>()
-        .join(" ");
-    let tokens = post(
-        http,
-        format!("{}/tokenize", s.url),
-        serde_json::json!({ "content": text }),
-    )
-    .await["tokens"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+    let tokens = inventory_tokens(s, http, usize::try_from(UBATCH + window).unwrap()).await;
     let want = usize::try_from(UBATCH + window).unwrap() + 16;
     assert!(tokens.len() >= want, "{} tokens", tokens.len());
     let long = || {

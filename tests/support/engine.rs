@@ -80,3 +80,42 @@ pub fn logged(log: &str, marker: &str) -> f64 {
         // From 0.0: an empty f64 sum is -0.0, which prints as "-0.00".
         .fold(0.0, |a, b| a + b)
 }
+
+/// POSTs `body` as JSON to `url` (600 s at most) and returns the JSON answer; panics on an error
+/// status.
+pub async fn post(
+    http: &reqwest::Client,
+    url: String,
+    body: serde_json::Value,
+) -> serde_json::Value {
+    let r = http
+        .post(&url)
+        .json(&body)
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert!(r.status().is_success(), "{url}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+/// The server's tokens of a made-up inventory of `items` lines, a prompt of any length.
+pub async fn inventory_tokens(
+    s: &Server,
+    http: &reqwest::Client,
+    items: usize,
+) -> Vec<serde_json::Value> {
+    let text = (0..items)
+        .map(|i| format!("item {i} of the inventory, checked and counted."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    post(
+        http,
+        format!("{}/tokenize", s.url),
+        serde_json::json!({ "content": text }),
+    )
+    .await["tokens"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
