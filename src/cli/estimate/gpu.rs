@@ -464,6 +464,7 @@ impl Offload {
                 "total": h.total,
             },
             "outputCopy": p.output_copy,
+            "flashAttentionOff": p.flash_attention_off,
             "fallback": p.fallback,
         })
     }

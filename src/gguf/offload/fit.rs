@@ -82,7 +82,7 @@ pub fn decide_on(
         let assigned: u32 = counts.iter().sum();
         let fits_with = |n: u32, counts: &mut Vec<u32>| {
             counts[id] = n;
-            let (shares, _, _) = m.shares(assigned + n, gpus, &points(counts));
+            let (shares, _, _) = m.shares_as(assigned + n, gpus, &points(counts), false);
             fits(shares[id].total, id)
         };
         let (mut lo, mut hi) = (0u32, all - assigned);
@@ -104,14 +104,24 @@ pub fn decide_on(
 
     // Offloading every layer turns on pipeline parallelism and its copies, and the first GPU
     // runs the host's prompt work: take layers back until every GPU fits, from the first one
-    // that does not; one that holds none cannot be helped.
+    // that does not; one that holds none cannot be helped. A placement that would make the
+    // engine turn flash attention off (`Model::flash_attention_off`) gives the first GPU's
+    // first layer back too: the host then ends with that recurrent layer and flash attention
+    // stays on. So the GPUs' needs above are with it on: without, a hybrid's need jumps at
+    // those layer counts (by a score matrix per device) and would stop the search short.
     loop {
         let ngl: u32 = counts.iter().sum();
         if ngl == 0 {
             break;
         }
-        let (shares, _, _) = m.shares(ngl, gpus, &points(&counts));
-        let over = (0..gpus).find(|id| !fits(shares[*id].total, *id));
+        let (shares, host, _) = m.shares_as(ngl, gpus, &points(&counts), false);
+        let over = (0..gpus)
+            .find(|id| !fits(shares[*id].total, *id))
+            .or_else(|| {
+                m.flash_attention_off(&host)
+                    .then(|| (0..gpus).find(|id| counts[*id] > 0))
+                    .flatten()
+            });
         match over {
             None => {
                 let p = finish(&m, h, counts);

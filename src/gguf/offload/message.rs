@@ -38,6 +38,13 @@ pub(super) fn describe(d: &Decision, devices: &[Device]) -> String {
     if p.fallback {
         s += " (rough: the header lacks the model's shapes)";
     }
+    if p.flash_attention_off {
+        s += &format!(
+            "; llama.cpp turns flash attention off here, as the host's last block ({}) attends and the GPUs' first is recurrent, which the compute figures count (gpuLayers {} keeps it on)",
+            p.host.layers.end.saturating_sub(1),
+            p.ngl.saturating_sub(1)
+        );
+    }
     s
 }
 

@@ -149,6 +149,9 @@ pub struct Placement {
     pub output_copy: u64,
     /// True when the header lacked the shapes and the figures are rough (`memory`'s fallback).
     pub fallback: bool,
+    /// True when the engine turns flash attention off for this placement (the host's last block
+    /// attends and the next, on a GPU, is recurrent); the compute figures count it.
+    pub flash_attention_off: bool,
 }
 
 impl Placement {

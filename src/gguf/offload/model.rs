@@ -4,13 +4,13 @@
 
 use std::ops::Range;
 
+mod attention;
+
 use super::{Backend, DeviceShare, HostShare, Placement};
-use crate::gguf::bounds::{
-    EMBEDDING, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH, MAX_SLOTS, MAX_UBATCH, VALUE_LENGTH,
-};
+use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::{Header, TensorInfo};
-use crate::gguf::hparams::Hp;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
+use attention::{Unfused, last_attention};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -96,6 +96,8 @@ pub(super) struct Model {
     /// The last block's attention phase for one ubatch (`last_attention`); 0 where the block is
     /// not plain attention.
     last_attention: u128,
+    /// An attention layer's buffers without flash attention; None without attention.
+    unfused: Option<Unfused>,
     parts: Parts,
     /// The settings as `memory` bounds them.
     ubatch: u64,
@@ -118,6 +120,7 @@ impl Model {
             output_largest: 0,
             tied: 0,
             last_attention: 0,
+            unfused: None,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
             parallel: f.parallel.clamp(1, MAX_SLOTS),
@@ -146,6 +149,7 @@ impl Model {
         }
         m.output_largest = m.output_largest.max(m.tied);
         m.last_attention = last_attention(h, n, m.ubatch, m.parts.residual);
+        m.unfused = Unfused::new(h, &m.parts, m.ubatch);
         m
     }
 
@@ -168,6 +172,18 @@ impl Model {
     /// the header): cheap enough to try many `ngl`s. The GPUs with a share in `cumulative` take
     /// layers; none does when it is empty.
     pub(super) fn shares(&self, ngl: u32, gpus: usize, cumulative: &[f32]) -> Shares {
+        self.shares_as(ngl, gpus, cumulative, true)
+    }
+
+    /// [`Model::shares`], with flash attention on whatever the placement (`unfused` false):
+    /// what `--fit` compares, as it never keeps a placement that turns it off.
+    pub(super) fn shares_as(
+        &self,
+        ngl: u32,
+        gpus: usize,
+        cumulative: &[f32],
+        unfused: bool,
+    ) -> Shares {
         let mut devices = vec![DeviceShare::default(); gpus];
         // The masks each GPU's layers read (full, window): a split's inputs go where it runs.
         let mut masks = vec![(false, false); gpus];
@@ -228,7 +244,11 @@ impl Model {
             }
         }
         let full = !host_blocks && !host.output;
+        let fa_off = unfused && self.flash_attention_off(&host);
         self.compute(&mut devices, &masks, &mut host, full, host_largest);
+        if fa_off {
+            self.unfused_compute(&mut devices, &masks, &mut host);
+        }
         for s in &mut devices {
             s.total = [s.weights, s.kv, s.recurrent, s.compute]
                 .iter()
@@ -458,6 +478,7 @@ impl Model {
         let sum: u128 = parts.iter().map(|b| u128::from(*b)).sum();
         host.total = clamp(sum.div_ceil(1 << 20) << 20);
         let on_gpus: u32 = devices.iter().map(|d| d.layers.len() as u32).sum();
+        let flash_attention_off = self.flash_attention_off(&host);
         Placement {
             ngl: on_gpus + u32::from(devices.iter().any(|d| d.output)),
             n_layer: self.n_layer,
@@ -466,6 +487,7 @@ impl Model {
             host,
             output_copy,
             fallback: self.parts.estimate.fallback,
+            flash_attention_off,
         }
     }
 
@@ -533,49 +555,6 @@ impl Model {
             last = last.max(t.offset.saturating_add(bytes));
         }
         last.saturating_sub(first)
-    }
-}
-
-/// The rows alive at the attention's peak in the model's last block, for `tokens` tokens
-/// (traced, b11312): the graph gathers the output rows (`inp_out_ids`) before that block's FFN,
-/// so where the block runs alone on a device its FFN is a few rows and the attention is its
-/// peak. With separate projections: the block's input, its norm, the query and the roped query;
-/// with a fused one (`attn_qkv`): the input, the roped query in the norm's freed place, the
-/// fused query, key and value, and the roped key. Zero where the last block has no such
-/// projections (recurrent layers, latent attention) or the header lacks the head shapes.
-fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: u64) -> u128 {
-    let Some(last) = n_layer.checked_sub(1) else {
-        return 0;
-    };
-    let has = |t: &str| {
-        let name = format!("blk.{last}.{t}.weight");
-        h.tensors.iter().any(|x| x.name == name)
-    };
-    let hp = Hp::new(h);
-    let il = last as u64;
-    let (Some(n_embd), Some(heads)) = (hp.u(&EMBEDDING), hp.per_layer(&HEAD_COUNT, il)) else {
-        return 0;
-    };
-    let heads_kv = hp.per_layer(&HEAD_COUNT_KV, il).unwrap_or(heads);
-    let Some(head_k) = hp.u(&KEY_LENGTH).or_else(|| n_embd.checked_div(heads)) else {
-        return 0;
-    };
-    let head_v = hp.u(&VALUE_LENGTH).unwrap_or(head_k);
-    let row = |width: u64| u128::from(width) * u128::from(tokens) * 4;
-    let (q, k, v) = (
-        row(heads * head_k),
-        row(heads_kv * head_k),
-        row(heads_kv * head_v),
-    );
-    let r = u128::from(residual);
-    if heads_kv == 0 {
-        0
-    } else if has("attn_qkv") {
-        r + q + (q + k + v) + k
-    } else if has("attn_q") && has("attn_k") && has("attn_v") {
-        2 * r + 2 * q
-    } else {
-        0
     }
 }
 

@@ -364,3 +364,61 @@ fn the_first_device_after_a_hosts_moe_block_runs_that_blocks_tail() {
         p.activations - p.residual + p.masks
     );
 }
+
+#[test]
+fn a_host_ending_in_attention_before_a_gpus_recurrent_layer_turns_flash_attention_off() {
+    // Granite blocks, attention in 1 and 3: -ngl 3 leaves the host blocks 0 and 1, the GPU
+    // starting with block 2, recurrent.
+    let f = flags(8192, 2);
+    let h = granite(&[0, 8, 0, 8]).header();
+    let p = parts(&h, &f);
+    let off = place_on(&h, &f, 3, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(off.host.layers, 0..2);
+    assert!(off.flash_attention_off);
+    for (ngl, host) in [(2, 0..3), (4, 0..1), (5, 0..0)] {
+        let on = place_on(&h, &f, ngl, &[1.0], Backend::RPC).unwrap();
+        assert_eq!(on.host.layers, host);
+        assert!(!on.flash_attention_off, "-ngl {ngl}");
+    }
+    // The GPU keeps a score matrix for its attention (f32, a stream's 4096 cells by the
+    // ubatch by 8 heads) and reads the masks in f32; so do the host's inputs.
+    let engine = super::model::Model::new(&h, &f, Backend::RPC);
+    let (fused, fused_host, _) = engine.shares_as(3, 1, &[1.0], false);
+    let scores = 4096 * 512 * 8 * 4;
+    assert!(off.devices[0].compute >= fused[0].compute + scores);
+    assert_eq!(off.host.compute, fused_host.compute + p.masks);
+    assert!(
+        Decision::Partial(off)
+            .message(&gpus(&[GIB]))
+            .contains("flash attention off")
+    );
+}
+
+#[test]
+fn the_fit_never_picks_a_placement_that_turns_flash_attention_off() {
+    let f = flags(8192, 2);
+    let h = granite(&[0, 8, 0, 8]).header();
+    let engine = super::model::Model::new(&h, &f, Backend::RPC);
+    let need = |ngl: u32, unfused: bool| engine.shares_as(ngl, 1, &[1.0], unfused).0[0].total;
+    // Room for 3 layers with flash attention on, not for 4: the first GPU gives one back.
+    let decided = |free: u64| {
+        let d = decide_on(
+            &h,
+            &f,
+            &[Device {
+                name: "RPC".into(),
+                free,
+            }],
+            &[0],
+            Backend::RPC,
+        );
+        d.unwrap().placement().clone()
+    };
+    let p = decided(need(3, false) + (need(4, false) - need(3, false)) / 2);
+    assert_eq!((p.ngl, p.flash_attention_off), (2, false));
+    // The score matrix makes -ngl 3 need more than -ngl 4: room for 4 is 4, though the
+    // engine's -ngl 3 would not fit.
+    assert!(need(3, true) > need(4, false));
+    let p = decided(need(4, false));
+    assert_eq!((p.ngl, p.flash_attention_off), (4, false));
+}

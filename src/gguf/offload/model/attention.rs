@@ -1,0 +1,207 @@
+//! The attention's rows where they set a device's compute buffer: the model's last block run
+//! alone (`last_attention`), and attention without flash attention (`Unfused`), which the
+//! engine falls back to for some placements of hybrid models.
+//!
+//! llama-server's `--flash-attn auto` checks on a reserve graph that each layer's fused
+//! attention runs on the device holding that layer (`llama_context::resolve_fused_ops`), and
+//! where one does not it turns flash attention off for every layer. A placement does that when
+//! the host's last block attends and the next block, on a GPU, is recurrent: that block's state
+//! copies come before the host block's output projection in the graph, and the scheduler
+//! extends the GPU's run back over the weightless attention between them. Measured over RPC
+//! (granitehybrid, 8192 cells, 2 slots): each device running attention then needed about 96 MiB
+//! more, the host 3.5 MiB more.
+
+use std::ops::Range;
+
+use super::{DeviceShare, HostShare, Model, OP_OFFLOAD_MIN_BATCH, clamp};
+use crate::gguf::bounds::{EMBEDDING, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH, VALUE_LENGTH};
+use crate::gguf::header::Header;
+use crate::gguf::hparams::Hp;
+use crate::gguf::memory::{Mask, Parts};
+
+/// The rows alive at the attention's peak in the model's last block, for `tokens` tokens
+/// (traced, b11312): the graph gathers the output rows (`inp_out_ids`) before that block's FFN,
+/// so where the block runs alone on a device its FFN is a few rows and the attention is its
+/// peak. With separate projections: the block's input, its norm, the query and the roped query;
+/// with a fused one (`attn_qkv`): the input, the roped query in the norm's freed place, the
+/// fused query, key and value, and the roped key. Zero where the last block has no such
+/// projections (recurrent layers, latent attention) or the header lacks the head shapes.
+pub(super) fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: u64) -> u128 {
+    let Some(last) = n_layer.checked_sub(1) else {
+        return 0;
+    };
+    let has = |t: &str| {
+        let name = format!("blk.{last}.{t}.weight");
+        h.tensors.iter().any(|x| x.name == name)
+    };
+    let Some(s) = Shape::of(h, last as u64, tokens) else {
+        return 0;
+    };
+    let r = u128::from(residual);
+    if s.heads_kv == 0 {
+        0
+    } else if has("attn_qkv") {
+        r + s.q + (s.q + s.k + s.v) + s.k
+    } else if has("attn_q") && has("attn_k") && has("attn_v") {
+        2 * r + 2 * s.q
+    } else {
+        0
+    }
+}
+
+/// A layer's heads and its query, key and value rows for a ubatch.
+struct Shape {
+    heads: u128,
+    heads_kv: u64,
+    head_v: u128,
+    q: u128,
+    k: u128,
+    v: u128,
+}
+
+impl Shape {
+    fn of(h: &Header, il: u64, tokens: u64) -> Option<Shape> {
+        let hp = Hp::new(h);
+        let (n_embd, heads) = (hp.u(&EMBEDDING)?, hp.per_layer(&HEAD_COUNT, il)?);
+        let heads_kv = hp.per_layer(&HEAD_COUNT_KV, il).unwrap_or(heads);
+        let head_k = hp.u(&KEY_LENGTH).or_else(|| n_embd.checked_div(heads))?;
+        let head_v = hp.u(&VALUE_LENGTH).unwrap_or(head_k);
+        let row = |width: u64| u128::from(width) * u128::from(tokens) * 4;
+        Some(Shape {
+            heads: u128::from(heads),
+            heads_kv,
+            head_v: u128::from(head_v),
+            q: row(heads * head_k),
+            k: row(heads_kv * head_k),
+            v: row(heads_kv * head_v),
+        })
+    }
+}
+
+/// One attention layer's buffers without flash attention, for a ubatch. The layer is the
+/// model's widest-cached one (a full-attention layer where there is one). Per stream the
+/// engine multiplies the cached keys by the queries into a score matrix (f32: the stream's
+/// cells by its tokens by the heads; all streams hold a ubatch), takes its softmax in place
+/// against the mask, which is f32 now, copies the layer's V cache transposed (the cache was made
+/// for flash attention), and multiplies it by the scores into the output, which it then copies
+/// contiguous. Measured: within 5% above the logged buffers (tests/offload_engine.rs).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Unfused {
+    scores: u128,
+    v_copy: u128,
+    out: u128,
+    /// The rows the layer's own projections leave alive beside them: input, norm, query, roped
+    /// query (2 residual and 2 query rows).
+    rows: u128,
+    /// What a device running another device's attention copies in besides the mask: the
+    /// query rows and the layer's K and V cache.
+    copied: u128,
+}
+
+impl Unfused {
+    /// The widest-cached attention layer's figures; None without one or without head shapes.
+    pub(super) fn new(h: &Header, p: &Parts, tokens: u64) -> Option<Unfused> {
+        let il = p
+            .mask_layers
+            .iter()
+            .position(|m| *m == Mask::Full)
+            .or_else(|| p.mask_layers.iter().position(|m| *m == Mask::Window))?;
+        let s = Shape::of(h, il as u64, tokens).filter(|s| s.heads_kv > 0)?;
+        // A mask is a stream's cells by the ubatch in f16: the scores are as many f32 per head.
+        let mask = u128::from(match p.mask_layers[il] {
+            Mask::Full => p.mask_full,
+            _ => p.mask_window,
+        });
+        let kv = u128::from(p.kv.get(il).copied().unwrap_or(0));
+        let v_copy = (kv * s.v).checked_div(s.k + s.v).unwrap_or(0);
+        Some(Unfused {
+            scores: 2 * mask * s.heads,
+            v_copy,
+            out: 2 * s.head_v * s.heads * u128::from(tokens) * 4,
+            rows: 2 * u128::from(p.residual) + 2 * s.q,
+            copied: s.q + kv,
+        })
+    }
+
+    /// The peak of a device running its own attention layers, reading `masks` (their f16 size).
+    pub(super) fn own(&self, masks: u128) -> u128 {
+        self.rows + self.attention(masks)
+    }
+
+    /// The peak of a device running another device's attention (the host's last block).
+    pub(super) fn borrowed(&self, masks: u128) -> u128 {
+        self.copied + self.attention(masks)
+    }
+
+    fn attention(&self, masks: u128) -> u128 {
+        self.scores + self.v_copy + self.out + 2 * masks
+    }
+}
+
+impl Model {
+    /// Whether the engine turns flash attention off for a placement leaving `host` these
+    /// blocks (`attention`): the host's last block attends and the next, on a GPU, is
+    /// recurrent.
+    pub(in crate::gguf::offload) fn flash_attention_off(&self, host: &HostShare) -> bool {
+        let end = host.layers.end;
+        self.unfused.is_some()
+            && !host.layers.is_empty()
+            && end < self.n_layer
+            && self.attends(end - 1)
+            && self.recurrent(end)
+    }
+
+    /// The compute buffers grown for attention without flash attention (`attention::Unfused`):
+    /// every mask is f32; a device running attention layers keeps their score matrices; the
+    /// device after the host runs the host's last attention on copies of its inputs (so does
+    /// the first GPU under op offload, which takes the host's prompt work); the host keeps the
+    /// masks' inputs, and the scores where it runs attention besides its last block.
+    pub(super) fn unfused_compute(
+        &self,
+        devices: &mut [DeviceShare],
+        masks: &[(bool, bool)],
+        host: &mut HostShare,
+    ) {
+        let (Some(u), Some(last)) = (self.unfused, host.layers.end.checked_sub(1)) else {
+            return;
+        };
+        let p = &self.parts;
+        let mask_of = |m: Option<&Mask>| {
+            u128::from(match m {
+                Some(Mask::Full) => p.mask_full,
+                Some(Mask::Window) => p.mask_window,
+                _ => 0,
+            })
+        };
+        let all_masks = u128::from(p.masks);
+        let op_offload = self.backend.op_offload && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
+        for (d, s) in devices.iter_mut().enumerate() {
+            let (full, window) = masks.get(d).copied().unwrap_or_default();
+            let m = mask_of(full.then_some(&Mask::Full)) + mask_of(window.then_some(&Mask::Window));
+            let mut c = u128::from(s.compute);
+            if self.runs_attention(s.layers.clone()) {
+                c = (c + m).max(u.own(m));
+            }
+            if !s.layers.is_empty() && s.layers.start == host.layers.end {
+                c = c.max(u.borrowed(mask_of(p.mask_layers.get(last as usize))));
+            }
+            if d == 0 && op_offload {
+                c = c.max(u.borrowed(all_masks));
+            }
+            s.compute = clamp(c);
+        }
+        let mut c = u128::from(host.compute) + all_masks;
+        if self.runs_attention(host.layers.start..last) {
+            c = c.max(2 * u128::from(p.residual) + u.own(all_masks));
+        }
+        host.compute = clamp(c);
+    }
+
+    fn runs_attention(&self, mut layers: Range<u32>) -> bool {
+        layers.any(|il| self.attends(il))
+    }
+
+    fn attends(&self, il: u32) -> bool {
+        self.parts.kv.get(il as usize).is_some_and(|b| *b > 0)
+    }
+}
