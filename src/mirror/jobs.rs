@@ -179,9 +179,18 @@ impl Mirror {
     /// The volume now: the filesystem's figures, the store's own bytes (`blobs`, its listing,
     /// and the partial downloads) against a capacity.
     fn volume(&self, blobs: &[space::Blob]) -> std::io::Result<(space::Volume, u64)> {
+        self.volume_with(blobs, self.store.partial_bytes()?)
+    }
+
+    /// [`Self::volume`] with the partial downloads' bytes already listed.
+    fn volume_with(
+        &self,
+        blobs: &[space::Blob],
+        partial: u64,
+    ) -> std::io::Result<(space::Volume, u64)> {
         let (total, free) = self.store.filesystem()?;
         let stored: u64 = blobs.iter().map(|b| b.size).sum();
-        let bytes = stored.saturating_add(self.store.partial_bytes()?);
+        let bytes = stored.saturating_add(partial);
         Ok((
             space::Volume::of(total, free, bytes, self.space.capacity),
             bytes,
@@ -193,9 +202,10 @@ impl Mirror {
         let mut jobs = lock(&self.jobs);
         let mut refs = lock(&self.refs);
         let blobs = self.store.blobs()?;
+        let incomplete = self.store.incomplete()?;
         let busy = jobs.busy();
-        let (volume, bytes) = self.volume(&blobs)?;
-        if refs.stale(std::time::Instant::now()) {
+        let (volume, bytes) = self.volume_with(&blobs, incomplete.bytes)?;
+        if refs.newly_stale(std::time::Instant::now()) {
             tracing::warn!(
                 "the operator's live set is older than {}: nothing is deleted until it sends one again",
                 crate::units::human_duration(space::LIVE_SET_STALE)
@@ -206,7 +216,7 @@ impl Mirror {
         for (b, reason) in &plan {
             self.delete(&mut jobs, b, *reason)?;
         }
-        self.collect_partials(&busy, &refs)?;
+        self.collect_partials(incomplete.partials, &busy, &refs)?;
         let gone: u64 = plan.iter().map(|(b, _)| b.size).sum();
         let reclaimable: u64 = candidates.iter().map(|(b, _)| b.size).sum::<u64>() - gone;
         self.metrics
@@ -225,11 +235,12 @@ impl Mirror {
     /// file still referenced keeps its partial, so a retry resumes it.
     fn collect_partials(
         &self,
+        partials: Vec<space::Blob>,
         busy: &std::collections::HashSet<String>,
         refs: &Refs,
     ) -> std::io::Result<()> {
         let (now, wall) = (std::time::Instant::now(), std::time::SystemTime::now());
-        for p in self.store.partials()? {
+        for p in partials {
             let idle = wall.duration_since(p.modified).unwrap_or_default();
             if idle < self.space.grace || refs.referenced(&p.sha256, busy, now, self.space.pin()) {
                 continue;

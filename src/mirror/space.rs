@@ -146,12 +146,15 @@ pub struct Refs {
     requested: HashMap<String, Instant>,
     /// Since when each blob has been unreferenced, as the collector saw it.
     since: HashMap<String, Instant>,
+    /// Whether the live set's staleness has been reported (once until the next set).
+    stale_told: bool,
 }
 
 impl Refs {
     /// The operator's live set replaces the last one.
     pub fn tell(&mut self, live: HashSet<String>, now: Instant) {
         self.live = Some((live, now));
+        self.stale_told = false;
     }
 
     pub fn told(&self) -> bool {
@@ -171,6 +174,14 @@ impl Refs {
         self.live
             .as_ref()
             .is_some_and(|(_, at)| now.saturating_duration_since(*at) > LIVE_SET_STALE)
+    }
+
+    /// Whether the live set is stale and that has not been said since the operator last spoke:
+    /// true once per staleness.
+    pub fn newly_stale(&mut self, now: Instant) -> bool {
+        let report = self.stale(now) && !self.stale_told;
+        self.stale_told |= report;
+        report
     }
 
     /// Whether `sha` is live, downloading, or asked for within `pin`; everything is while the
@@ -362,6 +373,13 @@ mod tests {
         assert!(refs.stale(later));
         let c = refs.unreferenced(&blobs, &HashSet::new(), later, Duration::ZERO);
         assert!(c.is_empty(), "a stale live set is no word at all");
+        // The warning comes once per staleness, not on every pass.
+        assert!(refs.newly_stale(later));
+        assert!(!refs.newly_stale(later + Duration::from_secs(10)));
+        refs.tell(HashSet::new(), later);
+        assert!(!refs.newly_stale(later));
+        let again = later + LIVE_SET_STALE + Duration::from_secs(1);
+        assert!(refs.newly_stale(again));
         refs.tell(HashSet::new(), later);
         assert_eq!(
             refs.unreferenced(&blobs, &HashSet::new(), later, Duration::ZERO)

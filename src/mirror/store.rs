@@ -150,19 +150,33 @@ impl Store {
 
     /// Bytes the partial downloads hold on disk now.
     pub fn partial_bytes(&self) -> io::Result<u64> {
-        let mut total = 0u64;
-        for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
-            let meta = entry?.metadata()?;
-            if meta.is_file() {
-                total = total.saturating_add(on_disk(&meta));
-            }
-        }
-        Ok(total)
+        Ok(self.incomplete()?.bytes)
     }
 
     /// The partial downloads: each one's sha256, bytes on disk and when it was last written.
     pub fn partials(&self) -> io::Result<Vec<super::space::Blob>> {
-        self.list(".incomplete", ".part", on_disk)
+        Ok(self.incomplete()?.partials)
+    }
+
+    /// The partial downloads' folder in one listing: all its bytes, and the downloads.
+    pub fn incomplete(&self) -> io::Result<Incomplete> {
+        let mut found = Incomplete::default();
+        for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if !meta.is_file() {
+                continue;
+            }
+            found.bytes = found.bytes.saturating_add(on_disk(&meta));
+            if let Some(sha) = sha_named(&entry.file_name(), ".part") {
+                found.partials.push(super::space::Blob {
+                    sha256: sha,
+                    size: on_disk(&meta),
+                    modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
+                });
+            }
+        }
+        Ok(found)
     }
 
     /// The files of `folder` named by a sha256 and `suffix`, at most [`MAX_BLOBS`], each with
@@ -176,17 +190,13 @@ impl Store {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(self.root.join(folder))?.take(MAX_BLOBS) {
             let entry = entry?;
-            let name = entry.file_name();
-            let Some(sha) = name.to_str().and_then(|n| n.strip_suffix(suffix)) else {
+            let Some(sha) = sha_named(&entry.file_name(), suffix) else {
                 continue;
             };
-            if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-                continue;
-            }
             let meta = entry.metadata()?;
             if meta.is_file() {
                 out.push(super::space::Blob {
-                    sha256: sha.to_string(),
+                    sha256: sha,
                     size: size(&meta),
                     modified: meta.modified().unwrap_or(std::time::UNIX_EPOCH),
                 });
@@ -241,6 +251,21 @@ impl Store {
 }
 
 /// Bytes a file holds on disk: a partial download is sparse where its segments have not landed.
+/// The sha256 of a file named `<sha256><suffix>`, if it is one.
+fn sha_named(name: &std::ffi::OsStr, suffix: &str) -> Option<String> {
+    let sha = name.to_str()?.strip_suffix(suffix)?;
+    (sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit())).then(|| sha.to_string())
+}
+
+/// The partial downloads' folder, listed once.
+#[derive(Debug, Default)]
+pub struct Incomplete {
+    /// Everything in it on disk: the downloads and their ledgers.
+    pub bytes: u64,
+    /// The downloads (`<sha256>.part`).
+    pub partials: Vec<super::space::Blob>,
+}
+
 fn on_disk(m: &std::fs::Metadata) -> u64 {
     use std::os::unix::fs::MetadataExt;
     m.blocks().saturating_mul(512).min(m.len())
@@ -324,6 +349,28 @@ mod tests {
             .validate()
             .is_err()
         );
+    }
+
+    #[test]
+    fn one_listing_gives_the_partial_downloads_and_all_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let sha = "c".repeat(64);
+        std::fs::write(store.partial(&sha), b"abc").unwrap();
+        std::fs::write(store.partial(&sha).with_extension("segments"), b"x").unwrap();
+        std::fs::write(dir.path().join(".incomplete/stray.part"), b"y").unwrap();
+        let found = store.incomplete().unwrap();
+        let names: Vec<&str> = found.partials.iter().map(|b| b.sha256.as_str()).collect();
+        assert_eq!(names, [sha.as_str()], "only downloads named by a sha256");
+        let bytes: u64 = std::fs::read_dir(dir.path().join(".incomplete"))
+            .unwrap()
+            .map(|e| on_disk(&e.unwrap().metadata().unwrap()))
+            .sum();
+        assert_eq!(
+            found.bytes, bytes,
+            "the ledger and the stray file count too"
+        );
+        assert_eq!(store.partial_bytes().unwrap(), bytes);
     }
 
     #[test]
