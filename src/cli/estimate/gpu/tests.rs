@@ -278,6 +278,7 @@ fn the_json_has_every_figure_per_device_and_host() {
             "fallback",
             "fitTarget",
             "fits",
+            "flashAttentionOff",
             "host",
             "layers",
             "message",
@@ -289,6 +290,7 @@ fn the_json_has_every_figure_per_device_and_host() {
     );
     assert_eq!(j["decision"], "full");
     assert_eq!(j["fits"], true);
+    assert_eq!(j["flashAttentionOff"], false, "llama's blocks all attend");
     assert_eq!(
         (j["ngl"].as_u64(), j["layers"].as_u64()),
         (Some(5), Some(5))
