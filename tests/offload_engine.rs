@@ -86,7 +86,7 @@ const QUANTIZED: [(&str, &str, &str, &str); 7] = [
 /// fails: (model file prefix, setting, where, most, what is not modelled). Under-estimates are
 /// the ones that would matter (a device's share is then short by that much of its headroom);
 /// every one left is an over-estimate.
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 4] = [
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 2] = [
     (
         "deepseek2-bench",
         "partial, 2 dev",
@@ -100,22 +100,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 4] = [
         "host",
         0.09,
         "over: MLA, partial offload (the host's blocks at the CPU's fitted figure, not traced)",
-    ),
-    (
-        "mamba2-tiny",
-        "partial, 2 dev",
-        "host",
-        0.17,
-        "over: the SSM scan, partial offload (the host's blocks at the CPU's fitted figure)",
-    ),
-    (
-        "granitehybrid-tiny",
-        "partial, 2 dev",
-        "dev0",
-        0.27,
-        "over: an attention block then the last, recurrent one: the engine peaks in the \
-         attention (input, norm, query, key, value beside the masks) and runs the scan chain in \
-         the masks' freed place; the estimate adds memory's fitted block to the masks",
     ),
 ];
 

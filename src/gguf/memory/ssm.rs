@@ -66,6 +66,9 @@ pub(crate) struct Scan {
     pub input: u128,
     /// That gate, which the first device then copies back.
     pub gate: u128,
+    /// The conv state's rows the layer gathers for its slots (`build_rs`) before its
+    /// in-projection, which then lands above them.
+    pub state_rows: u128,
     /// Whether the layer is the whole block (mamba2: no FFN after the scan), so that the chain
     /// is a device's peak rather than a floor under `memory`'s fitted one.
     pub alone: bool,
@@ -79,6 +82,21 @@ pub(crate) struct Scan {
     /// the in-projection, the scan's output, the next rows, the next in-projection and gate;
     /// zero where that does not apply.
     pub follow: u128,
+}
+
+/// ggml's `TENSOR_ALIGNMENT`: the allocator rounds each tensor up to it.
+const TENSOR_ALIGNMENT: u128 = 32;
+
+impl Scan {
+    /// The peak of a device (the host, in a partial offload) whose only block is such a layer
+    /// that hands its gate to the next device's recurrent layer (traced, mamba2): above the
+    /// graph's inputs (the token ids; the state copy's and outputs' ids, a few bytes each in an
+    /// aligned slot; the embeddings input and its gathered copy), the conv state's rows and the
+    /// norm's freed row, the chain. `memory`'s fitted figure has the gate's copy above them.
+    pub(crate) fn handing_over(&self, residual: u128, tokens: u128) -> u128 {
+        let ids = 4 * tokens + 2 * TENSOR_ALIGNMENT;
+        ids + 3 * residual + self.state_rows + self.chain
+    }
 }
 
 /// The mamba2 layer's rows for a ubatch of `tokens` over `seqs` sequences.
@@ -110,6 +128,7 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
         chain: input + conv_in + xbc * tokens * 4 + above,
         input: if opens { input } else { 0 },
         gate: if opens { gate } else { 0 },
+        state_rows: if opens { rows } else { 0 },
         alone: hp.arch == "mamba2",
         follow,
     }

@@ -10,7 +10,7 @@ use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::{Header, TensorInfo};
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
-use attention::{Unfused, last_attention};
+use attention::{Unfused, last_attention, projections_by_layer};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -96,6 +96,9 @@ pub(super) struct Model {
     /// The last block's attention phase for one ubatch (`last_attention`); 0 where the block is
     /// not plain attention.
     last_attention: u128,
+    /// Each block's attention projections under flash attention (`attention::projections`);
+    /// 0 where the block does not attend.
+    projections: Vec<u128>,
     /// An attention layer's buffers without flash attention; None without attention.
     unfused: Option<Unfused>,
     parts: Parts,
@@ -120,6 +123,7 @@ impl Model {
             output_largest: 0,
             tied: 0,
             last_attention: 0,
+            projections: Vec::new(),
             unfused: None,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
@@ -150,6 +154,7 @@ impl Model {
         m.output_largest = m.output_largest.max(m.tied);
         m.last_attention = last_attention(h, n, m.ubatch, m.parts.residual);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
+        m.projections = projections_by_layer(h, &m.parts, m.ubatch);
         m
     }
 
@@ -245,7 +250,7 @@ impl Model {
         }
         let full = !host_blocks && !host.output;
         let fa_off = unfused && self.flash_attention_off(&host);
-        self.compute(&mut devices, &masks, &mut host, full, host_largest);
+        self.compute(&mut devices, &masks, &mut host, full, host_largest, fa_off);
         if fa_off {
             self.unfused_compute(&mut devices, &masks, &mut host);
         }
@@ -283,8 +288,13 @@ impl Model {
     ///   freed), three above a pipeline's inputs; where two such layers follow each other in a
     ///   hybrid block, the second's in-projection lands above the first's scan output
     ///   (`memory::Scan::follow`);
+    /// - outside a pipeline, with flash attention, a device whose first layer is its only
+    ///   attending one frees the masks after that attention (their last reader) and runs the
+    ///   layers after it in their place (`attention::projections`);
     /// - in a partial offload whose host ends with a MoE block, the first device runs that
     ///   block's tail (`memory::Parts::moe_tail`);
+    /// - a host whose only block is a mamba2 layer before a GPU's recurrent one hands that
+    ///   layer's gate to the GPU: its peak is the chain alone (`memory::Scan::handing_over`);
     /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
     ///   in host memory run on the first GPU (`ggml_backend_sched_backend_id_from_cur`,
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
@@ -298,6 +308,7 @@ impl Model {
         host: &mut HostShare,
         full: bool,
         largest: u64,
+        fa_off: bool,
     ) {
         let p = &self.parts;
         if devices.is_empty() {
@@ -332,7 +343,11 @@ impl Model {
             } else {
                 block
             };
-            let mut c = if blocks { phase + masks_freed } else { 0 };
+            let mut c = match self.lone_attention(&s.layers) {
+                Some(a) if !pipeline && !fa_off => (a + m).max(block),
+                _ if blocks => phase + masks_freed,
+                _ => 0,
+            };
             if first(s) {
                 c += u128::from(p.scaled);
             }
@@ -376,7 +391,11 @@ impl Model {
         host.compute = if full {
             clamp(inputs + (copies - 1) * (residual + all_masks))
         } else if !op_offload {
-            p.estimate.compute
+            if self.hands_over_gate(host) {
+                clamp(p.scan.handing_over(residual, u128::from(self.ubatch)))
+            } else {
+                p.estimate.compute
+            }
         } else {
             // The token-by-token graph (one token per slot, under the op-offload batch) stays
             // here, with its logits when the output layer does.
@@ -399,15 +418,17 @@ impl Model {
         !host.layers.is_empty() && p.moe_tail > 0 && u64::from(host.layers.end) > p.dense_lead
     }
 
+    /// Whether the host's only block is a mamba2 layer, the whole block, that hands its gate to
+    /// the next device's recurrent layer (`memory::Scan::gate`).
+    fn hands_over_gate(&self, host: &HostShare) -> bool {
+        let (scan, end) = (&self.parts.scan, host.layers.end);
+        let alone = host.layers.len() == 1 && !host.output && scan.alone && scan.gate > 0;
+        alone && self.runs_scan(&host.layers) && end < self.n_layer && self.recurrent(end)
+    }
+
     /// Whether `layers` hold a recurrent layer with a mamba2 chain.
     fn runs_scan(&self, layers: &Range<u32>) -> bool {
         self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
-    }
-
-    /// Whether `layers` are the model's last block alone, an attention block whose phase is
-    /// known.
-    fn last_only(&self, layers: &Range<u32>) -> bool {
-        self.last_attention > 0 && layers.len() == 1 && layers.end == self.n_layer
     }
 
     /// Whether `layers` hold two recurrent layers in a row (`memory::Scan::follow`).

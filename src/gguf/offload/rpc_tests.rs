@@ -422,3 +422,67 @@ fn the_fit_never_picks_a_placement_that_turns_flash_attention_off() {
     let p = decided(need(4, false));
     assert_eq!((p.ngl, p.flash_attention_off), (4, false));
 }
+
+/// Granite's hybrid blocks (`granite`) with separate query, key and value weights in the
+/// attention blocks.
+fn granite_with_projections(kv: &[u32]) -> crate::gguf::header::Header {
+    let mut h = granite(kv).header();
+    for (il, _) in kv.iter().enumerate().filter(|(_, k)| **k > 0) {
+        for t in ["attn_q", "attn_k", "attn_v"] {
+            h.tensors.push(crate::gguf::header::TensorInfo {
+                name: format!("blk.{il}.{t}.weight"),
+                dims: vec![N_EMBD, N_EMBD],
+                ggml_type: 0,
+                offset: 0,
+            });
+        }
+    }
+    h
+}
+
+#[test]
+fn a_devices_lone_attention_layer_frees_the_masks_for_the_recurrent_layers_after_it() {
+    let f = flags(8192, 2);
+    let h = granite_with_projections(&[0, 0, 8, 0]);
+    let p = parts(&h, &f);
+    let (r, block) = (p.residual, p.activations - p.residual);
+    // Attention block 2, then recurrent block 3, on the first device.
+    let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.devices[0].layers, 2..4);
+    assert!(!partial.flash_attention_off);
+    // The input, its norm, the query, a roped query, the key and the value (8 heads of 128
+    // for each: as wide as the embeddings) beside the masks; the scan after them, alone.
+    assert_eq!(partial.devices[0].compute, (6 * r + p.masks).max(block));
+    // Attention after a recurrent block: the masks stay through that block's peak.
+    let later = place_on(&h, &f, 4, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(later.devices[0].layers, 1..3);
+    assert_eq!(later.devices[0].compute, block + p.masks);
+    // Without the projections' weights their rows are unknown: memory's block beside the masks.
+    let plain = granite(&[0, 0, 8, 0]).header();
+    let unknown = place_on(&plain, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(unknown.devices[0].compute, block + p.masks);
+}
+
+#[test]
+fn a_hosts_only_mamba2_layer_hands_its_gate_to_the_next_devices_layer() {
+    let f = flags(8192, 2);
+    let h = mamba2(2).header();
+    let p = parts(&h, &f);
+    let (tokens, row) = (512, 4);
+    assert_eq!(p.scan.state_rows, 3 * (1536 + 2 * 128) * 2 * row);
+    let partial = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.host.layers, 0..1);
+    // The token ids (and two small ids, an aligned slot each), the embeddings input, its
+    // gathered copy, the norm's freed row, the conv state's rows and the chain.
+    let ids = tokens * row + 2 * 32;
+    assert_eq!(
+        u128::from(partial.host.compute),
+        3 * u128::from(p.residual) + p.scan.state_rows + p.scan.chain + ids
+    );
+    assert!(partial.host.compute < estimate(&h, &f).compute);
+    // With another block before it, that block runs its gate here: the CPU's fitted figure.
+    let h = mamba2(4).header();
+    let more = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(more.host.layers, 0..2);
+    assert_eq!(more.host.compute, estimate(&h, &f).compute);
+}
