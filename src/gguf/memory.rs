@@ -11,6 +11,7 @@
 mod arch;
 mod basis;
 pub mod engine;
+mod latent;
 pub mod repack;
 mod ssm;
 #[cfg(test)]
@@ -19,10 +20,9 @@ mod tests;
 use super::bounds::{
     BLOCK_COUNT, BoundsError, EMBEDDING, EXPERT_COUNT, EXPERT_FEED_FORWARD, EXPERT_SHARED,
     EXPERT_USED, FEED_FORWARD, FULL_ATTENTION_INTERVAL, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH,
-    KEY_LENGTH_MLA, KEY_LENGTH_SWA, KV_LORA_RANK, LEADING_DENSE, MAX_CTX_SIZE, MAX_ESTIMATE,
-    MAX_SLOTS, MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SLIDING_WINDOW,
-    SLIDING_WINDOW_PATTERN, SSM_DT_RANK, SSM_GROUPS, SSM_INNER, SSM_STATE, VALUE_LENGTH,
-    VALUE_LENGTH_SWA,
+    KEY_LENGTH_MLA, KEY_LENGTH_SWA, LEADING_DENSE, MAX_CTX_SIZE, MAX_ESTIMATE, MAX_SLOTS,
+    MAX_TENSOR_ELEMENTS, MAX_UBATCH, RECURRENT_LAYERS, SLIDING_WINDOW, SLIDING_WINDOW_PATTERN,
+    SSM_DT_RANK, SSM_GROUPS, SSM_INNER, SSM_STATE, VALUE_LENGTH, VALUE_LENGTH_SWA,
 };
 use super::header::{Header, TensorInfo};
 use super::hparams::{self, Hp};
@@ -197,6 +197,9 @@ pub(crate) struct Parts {
     pub moe_tail: u64,
     /// The leading blocks of a MoE model whose FFN is dense.
     pub dense_lead: u64,
+    /// The compute figure of a buffer that runs latent attention after no MoE block
+    /// (`latent::Phases::traced`); 0 without it.
+    pub latent_compute: u64,
 }
 
 /// The attention mask a layer reads.
@@ -389,17 +392,9 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     } else {
         (0, 0)
     };
-    // Multi-head latent attention (deepseek2 and its kin) keeps, per head, the query with its
-    // rotary part in the latent space (the cache's key width), the query absorbed into the
-    // latent space and the latent attention output: wider than the FFN phase of a small model
-    // (the engine logged 33.0 MiB of compute for a 768-wide deepseek2 whose FFN phase gives 21).
-    let mla_phase = if mla {
-        2 * n_embd_w + u128::from(n_head0) * (head_k + 2 * u(&KV_LORA_RANK))
-    } else {
-        0
-    };
-    let activations =
-        (ubatch * 4 * ffn_phase.max(mla_phase)).max(ubatch * 4 * ssm_phase + scan_state);
+    let latent = mla.then(|| latent::phases(&hp, n_embd_w, u128::from(n_head0), head_k));
+    let rest = (ubatch * 4 * ffn_phase).max(ubatch * 4 * ssm_phase + scan_state);
+    let activations = rest.max(ubatch * 4 * latent.as_ref().map_or(0, |l| l.fitted));
     // The attention masks are f16 (flash attention, which llama-server turns on where the
     // backend has it), one row per cell of one stream, per cache (full and window).
     let mask_full = if full_layers > 0 {
@@ -429,7 +424,9 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     // The logits come after the last block has freed its rows: the output phase holds them,
     // the embeddings input (two residual rows) and the reserved outputs' rows, the masks freed.
     let out_rows = n_out * n_embd_w * 4;
-    let compute = (activations + scaled + masks).max(logits + 2 * residual + out_rows);
+    let compute_of = |a: u128| (a + scaled + masks).max(logits + 2 * residual + out_rows);
+    let compute = compute_of(activations);
+    let latent_compute = latent.map_or(0, |l| compute_of(rest.max(l.traced_bytes(ubatch))));
     let head_k0 = head_k * u128::from(n_head0);
     let widest = [n_ff, n_embd_w, head_k0, n_ff_moe]
         .into_iter()
@@ -526,6 +523,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         moe_tail: bytes(moe_tail),
         dense_lead: bytes(u(&LEADING_DENSE)),
         scan: scan(&hp, ubatch, parallel),
+        latent_compute: bytes(latent_compute),
     }
 }
 
@@ -596,5 +594,6 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         moe_tail: 0,
         dense_lead: 0,
         scan: Scan::default(),
+        latent_compute: 0,
     }
 }

@@ -275,7 +275,8 @@ impl Model {
     /// where the output layer is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
-    ///   of its own it runs them as the CPU alone does (`memory`'s compute);
+    ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
+    ///   attention after no MoE block (`Model::latent_unfragmented`);
     /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
     ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs, allocated first
     ///   and never freed, so still there beside the logits: the residual (the first device's
@@ -393,6 +394,8 @@ impl Model {
         } else if !op_offload {
             if self.hands_over_gate(host) {
                 clamp(p.scan.handing_over(residual, u128::from(self.ubatch)))
+            } else if self.latent_unfragmented(host) {
+                p.latent_compute
             } else {
                 p.estimate.compute
             }

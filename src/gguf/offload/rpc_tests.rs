@@ -486,3 +486,39 @@ fn a_hosts_only_mamba2_layer_hands_its_gate_to_the_next_devices_layer() {
     assert_eq!(more.host.layers, 0..2);
     assert_eq!(more.host.compute, estimate(&h, &f).compute);
 }
+
+#[test]
+fn a_host_with_latent_attention_after_no_moe_block_peaks_in_its_first_attention() {
+    // deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide
+    // query per head), a dense block, then MoE blocks.
+    let mut m = Model::llama(4, 16 * MIB);
+    m.arch = "deepseek2";
+    m.kv = vec![
+        ("attention.head_count", Value::U32(8)),
+        ("attention.head_count_kv", Value::U32(1)),
+        ("attention.key_length", Value::U32(576)),
+        ("attention.value_length", Value::U32(512)),
+        ("attention.key_length_mla", Value::U32(192)),
+        ("attention.kv_lora_rank", Value::U32(512)),
+        ("feed_forward_length", Value::U32(2816)),
+        ("expert_count", Value::U32(8)),
+        ("expert_used_count", Value::U32(4)),
+        ("expert_feed_forward_length", Value::U32(512)),
+        ("leading_dense_block_count", Value::U32(1)),
+    ];
+    let (h, f) = (m.header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    // Three residual rows and, per head, the roped query, the query, the absorbed query and
+    // the joined one; the ids 16 bytes a token and the outputs' slot; the masks.
+    let traced = 512 * (4 * (3 * N_EMBD as u128 + 8 * (64 + 192 + 512 + 576)) + 16) + 32;
+    assert_eq!(u128::from(p.latent_compute), traced + u128::from(p.masks));
+    assert!(p.latent_compute < p.estimate.compute);
+    // The host holds the dense block and the first MoE block: no block after a MoE one.
+    let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.host.layers, 0..2);
+    assert_eq!(partial.host.compute, p.latent_compute);
+    // With a MoE block before another one it keeps the CPU's fitted figure.
+    let more = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(more.host.layers, 0..3);
+    assert_eq!(more.host.compute, p.estimate.compute);
+}
