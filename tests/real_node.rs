@@ -966,3 +966,164 @@ async fn the_mirror_serves_a_gated_blob_to_its_models_pods_only_with_real_projec
         assert!(!log.contains(token.as_str()), "a token in the mirror's log");
     }
 }
+
+/// What the GPU test adds to the real node (a GPU of the extended resource, GPU Feature
+/// Discovery's labels), taken away when it ends however it ends.
+struct FakeGpu<'a> {
+    tb: &'a Testbed,
+}
+
+const GPU_LABELS: [(&str, &str); 4] = [
+    ("nvidia.com/gpu.count", "1"),
+    ("nvidia.com/gpu.memory", "2048"),
+    ("nvidia.com/gpu.product", "NVIDIA-TEST"),
+    ("nvidia.com/cuda.driver.major", "12"),
+];
+
+impl<'a> FakeGpu<'a> {
+    /// The kubelet keeps an extended resource it has no device plugin for once the node's
+    /// status says it has it (how a cluster advertises one by hand), and admits pods asking
+    /// for it; it derives the allocatable figure from the capacity.
+    fn add(tb: &'a Testbed) -> FakeGpu<'a> {
+        let g = FakeGpu { tb };
+        let mut label = vec!["label", "node", NODE, "--overwrite"];
+        let pairs: Vec<String> = GPU_LABELS.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        label.extend(pairs.iter().map(String::as_str));
+        tb.kubectl_ok(&label);
+        tb.kubectl_ok(&[
+            "patch",
+            "node",
+            NODE,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            r#"[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"1"}]"#,
+        ]);
+        // The kubelet's next status update (every 10 s) copies it to allocatable, which the
+        // Check stage and the scheduler read.
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let a = tb.kubectl_ok(&[
+                "get",
+                "node",
+                NODE,
+                "-o",
+                r"jsonpath={.status.allocatable.nvidia\.com/gpu}",
+            ]);
+            if a.trim() == "1" {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{NODE}'s allocatable has no nvidia.com/gpu 90 s after its capacity had one"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        g
+    }
+}
+
+impl Drop for FakeGpu<'_> {
+    fn drop(&mut self) {
+        let _ = self.tb.kubectl(&[
+            "patch",
+            "node",
+            NODE,
+            "--subresource=status",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/status/capacity/nvidia.com~1gpu"},{"op":"remove","path":"/status/allocatable/nvidia.com~1gpu"}]"#,
+        ]);
+        let mut label = vec!["label", "node", NODE];
+        let keys: Vec<String> = GPU_LABELS.iter().map(|(k, _)| format!("{k}-")).collect();
+        label.extend(keys.iter().map(String::as_str));
+        let _ = self.tb.kubectl(&label);
+    }
+}
+
+/// The failure LLMKube's users meet: a GPU model whose image is a CPU build is Ready and
+/// answers, on the CPU, many times slower. Here the real kubelet gives the pod the node's one
+/// GPU (an extended resource, as the scheduler and the kubelet count it), the test bed's CPU
+/// engine gets `--n-gpu-layers` and has no device for it (its RPC backend is built in, so it
+/// still logs the layers as offloaded), and the smoke test reads the engine's log through the
+/// API server (the kubelet serves it), finds every weights buffer in host memory, and says so:
+/// SmokeTested False, OffloadBelowPlan, with what to check.
+#[tokio::test]
+async fn a_gpu_model_whose_engine_runs_on_the_cpu_is_not_ready_and_says_why() {
+    let tb = Testbed::get();
+    real_node(&tb).await;
+    let (pull_image, engine_image) = images(&tb);
+    tb.install_crd();
+    let _gpu = FakeGpu::add(&tb);
+    let ns = tb.namespace("realgpu");
+    let hub = FakeHub::with_tiny_llama().await;
+    let (mirror_url, _mirror) = mirror_for_pods(&tb, &hub.url).await;
+    let _op = Operator::start_with(
+        &tb,
+        &ns.name,
+        &hub.url,
+        &[
+            "--mirror-url",
+            &mirror_url,
+            "--pull-image",
+            &pull_image,
+            "--place-grace",
+            "20s",
+            "--gpu-headroom",
+            "64Mi",
+        ],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let mut spec = spec("acme/TinyLlama-GGUF", &engine_image, None, (1024, 2));
+    spec["engine"]["accelerator"] = "cuda".into();
+    spec["engine"]["gpus"] = 1.into();
+    // llama.cpp logs the layers it offloaded and the weights' buffers at -lv 4 only.
+    spec["engine"]["extraArgs"] = serde_json::json!(["-lv", "4"]);
+    let ms = ModelServe::new("cpuimage", serde_json::from_value(spec).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(
+        &api,
+        "cpuimage",
+        "SmokeTested",
+        |st, r| st == "False" && r == "OffloadBelowPlan",
+        300,
+    )
+    .await;
+    let (_, _, message) = condition(&s, "SmokeTested");
+    println!("real node: CPU image for a GPU model: SmokeTested False OffloadBelowPlan: {message}");
+    let planned = s
+        .check
+        .as_ref()
+        .and_then(|c| c.gpu_layers)
+        .expect("check.gpuLayers");
+    assert!(
+        planned > 0,
+        "Check planned the layers on the GPU: {:?}",
+        s.check
+    );
+    assert!(message.contains("no usable GPU"), "{message}");
+    assert!(
+        message.contains("server-cuda"),
+        "it says what to check: {message}"
+    );
+    assert_eq!(s.smoke.as_ref().and_then(|m| m.gpu_layers), Some(0));
+    let (ready, _, _) = condition(&s, "Ready");
+    assert_eq!(ready, "False", "not Ready while it runs on the CPU");
+    // The pod really had the GPU, by the scheduler's and the kubelet's count.
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let pod = pods
+        .list(&ListParams::default().labels("modelserve.dev/model=cpuimage"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
+    let spec = pod.spec.unwrap();
+    let server = spec
+        .containers
+        .iter()
+        .find(|c| c.name == SERVER_CONTAINER)
+        .expect("the server container");
+    let limits = server.resources.clone().unwrap().limits.unwrap();
+    assert_eq!(limits["nvidia.com/gpu"].0, "1");
+}

@@ -1,6 +1,8 @@
 //! What the engine really offloaded, from its own log: llama.cpp writes `offloaded N/M layers to
-//! GPU` when its build can offload, and `no usable GPU found, --gpu-layers option will be
-//! ignored` when it cannot. A replica that answers on fewer GPU layers than the Check stage
+//! GPU` and each weights buffer when its build can offload (at `-lv 4` from b11312 on), and `no
+//! usable GPU found, --gpu-layers option will be ignored` when it cannot. A build that can
+//! offload but finds no device (a CPU image with the RPC backend, say) still counts the layers
+//! it was asked for; its weights' buffers, all in host memory, tell. A replica that answers on fewer GPU layers than the Check stage
 //! planned (a CPU image, a GPU the container does not see) runs many times slower, and is said
 //! so rather than called Ready.
 
@@ -23,6 +25,32 @@ pub fn seen(log: &str) -> Seen {
     if log.contains("no usable GPU found") {
         return Seen::NoGpu;
     }
+    match layers(log) {
+        // A build with an offloading backend but no device counts the layers it was asked to
+        // offload; its weights' buffers then say where they really are.
+        Some((done, _)) if done > 0 && weights_on_host_only(log) => Seen::NoGpu,
+        Some((done, of)) => Seen::Layers { done, of },
+        None => Seen::Unknown,
+    }
+}
+
+/// Whether the log names the weights' buffers (`<buffer> model buffer size = ...`) and every
+/// one of them is host memory (`CPU`, `CPU_Mapped`, `CPU_REPACK`, a GPU runtime's `*_Host`).
+fn weights_on_host_only(log: &str) -> bool {
+    let mut buffers = log.lines().filter_map(|l| {
+        let (head, _) = l.split_once(" model buffer size")?;
+        head.split_whitespace().last()
+    });
+    let mut any = false;
+    let host = buffers.all(|b| {
+        any = true;
+        b.starts_with("CPU") || b.ends_with("_Host")
+    });
+    any && host
+}
+
+/// `offloaded N/M layers to GPU`, the last one logged.
+fn layers(log: &str) -> Option<(u32, u32)> {
     for line in log.lines().rev() {
         let Some((_, rest)) = line.split_once("offloaded ") else {
             continue;
@@ -33,10 +61,10 @@ pub fn seen(log: &str) -> Seen {
         if let Some((done, of)) = counts.split_once('/')
             && let (Ok(done), Ok(of)) = (done.trim().parse(), of.trim().parse())
         {
-            return Seen::Layers { done, of };
+            return Some((done, of));
         }
     }
-    Seen::Unknown
+    None
 }
 
 /// Why the engine's offload falls short of the `planned` layers, if it does.
@@ -66,6 +94,18 @@ mod tests {
             Seen::NoGpu
         );
         assert_eq!(seen("main: model loaded\n"), Seen::Unknown);
+    }
+
+    #[test]
+    fn a_build_that_counts_layers_it_could_not_offload_is_told_by_its_buffers() {
+        // The test bed's CPU engine (RPC backend built in, no device), at -lv 4.
+        let cpu = "I load_tensors: offloading output layer to GPU\nI load_tensors: offloading 1 repeating layers to GPU\nI load_tensors: offloaded 3/3 layers to GPU\nI load_tensors:   CPU_Mapped model buffer size =     0.21 MiB\n";
+        assert_eq!(seen(cpu), Seen::NoGpu);
+        // Partly offloaded: the GPU holds some weights, the host (pinned or mapped) the rest.
+        let partial = "load_tensors: offloaded 20/33 layers to GPU\nload_tensors: CPU_Mapped model buffer size = 100.00 MiB\nload_tensors: CUDA_Host model buffer size = 10.00 MiB\nload_tensors: CUDA0 model buffer size = 2000.00 MiB\n";
+        assert_eq!(seen(partial), Seen::Layers { done: 20, of: 33 });
+        let rpc = "load_tensors: offloaded 5/5 layers to GPU\nload_tensors: RPC0[127.0.0.1:50501] model buffer size = 1.00 MiB\nload_tensors: CPU_Mapped model buffer size = 0.20 MiB\n";
+        assert_eq!(seen(rpc), Seen::Layers { done: 5, of: 5 });
     }
 
     #[test]

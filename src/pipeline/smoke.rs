@@ -93,8 +93,10 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
         && done.uid == place.uid
         && done.request.as_deref() == Some(asked.as_str())
     {
+        let unsaid = planned.is_some() && done.gpu_layers.is_none();
+        let message = summary(done) + if unsaid { UNSAID } else { "" };
         return offload_verdict(&place, planned, done.gpu_layers)
-            .unwrap_or_else(|| Outcome::done(Progress::Answered, summary(done)));
+            .unwrap_or_else(|| Outcome::done(Progress::Answered, message));
     }
     let ns = ms.namespace().unwrap_or_else(|| "default".into());
     let key = match engine_key(env, &ns, &secret_name(ms)) {
@@ -121,7 +123,10 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
                         smoke.gpu_layers = match offloaded::seen(&log) {
                             offloaded::Seen::Layers { done, .. } => Some(done as i32),
                             offloaded::Seen::NoGpu => Some(0),
-                            offloaded::Seen::Unknown => None,
+                            offloaded::Seen::Unknown => {
+                                message += UNSAID;
+                                None
+                            }
                         };
                     }
                     Err(e) => {
@@ -170,6 +175,9 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
         }),
     }
 }
+
+/// Said of a GPU model whose engine log does not say what it offloaded.
+const UNSAID: &str = "; what the engine offloaded is unknown: its log does not say (llama.cpp logs its layers and their buffers at -lv 4, which engine.extraArgs can pass)";
 
 /// What a smoke test asks, as recorded in status.smoke.request.
 /// The GPU layers the Check stage planned, for a model with a GPU accelerator.
