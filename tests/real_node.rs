@@ -1025,15 +1025,19 @@ impl<'a> FakeGpu<'a> {
 
 impl Drop for FakeGpu<'_> {
     fn drop(&mut self) {
-        let _ = self.tb.kubectl(&[
-            "patch",
-            "node",
-            NODE,
-            "--subresource=status",
-            "--type=json",
-            "-p",
-            r#"[{"op":"remove","path":"/status/capacity/nvidia.com~1gpu"},{"op":"remove","path":"/status/allocatable/nvidia.com~1gpu"}]"#,
-        ]);
+        // One patch each: a JSON patch removing what is not there fails whole, and the test
+        // may end before the kubelet copied the capacity to allocatable.
+        for field in ["capacity", "allocatable"] {
+            let _ = self.tb.kubectl(&[
+                "patch",
+                "node",
+                NODE,
+                "--subresource=status",
+                "--type=json",
+                "-p",
+                &format!(r#"[{{"op":"remove","path":"/status/{field}/nvidia.com~1gpu"}}]"#),
+            ]);
+        }
         let mut label = vec!["label", "node", NODE];
         let keys: Vec<String> = GPU_LABELS.iter().map(|(k, _)| format!("{k}-")).collect();
         label.extend(keys.iter().map(String::as_str));
