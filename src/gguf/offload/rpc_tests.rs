@@ -423,6 +423,33 @@ fn the_fit_never_picks_a_placement_that_turns_flash_attention_off() {
     assert_eq!((p.ngl, p.flash_attention_off), (4, false));
 }
 
+#[test]
+fn falcon_h1_layers_attending_and_recurrent_at_once_keep_flash_attention_on() {
+    // Every layer opens with the attention's norm (a GPU weight), not with its state reads:
+    // no split turns flash attention off, and the fit keeps what fits.
+    let f = flags(8192, 2);
+    let mut m = granite(&[8, 8, 8, 8]);
+    m.arch = "falcon-h1";
+    let h = m.header();
+    for ngl in 1..=5 {
+        let p = place_on(&h, &f, ngl, &[1.0], Backend::RPC).unwrap();
+        assert!(!p.flash_attention_off, "-ngl {ngl}");
+    }
+    let engine = super::model::Model::new(&h, &f, Backend::RPC);
+    let need = engine.shares_as(3, 1, &[1.0], false).0[0].total;
+    let d = decide_on(
+        &h,
+        &f,
+        &[Device {
+            name: "RPC".into(),
+            free: need,
+        }],
+        &[0],
+        Backend::RPC,
+    );
+    assert_eq!(d.unwrap().placement().ngl, 3);
+}
+
 /// Granite's hybrid blocks (`granite`) with separate query, key and value weights in the
 /// attention blocks.
 fn granite_with_projections(kv: &[u32]) -> crate::gguf::header::Header {

@@ -1,5 +1,5 @@
 //! The attention's rows where they set a device's compute buffer: the model's last block run
-//! alone (`last_attention`), a device's only attention layer before recurrent ones
+//! alone (`last_attention`), a device's only attention layer before layers that do not attend
 //! (`projections`), and attention without flash attention (`Unfused`), which the
 //! engine falls back to for some placements of hybrid models.
 //!
@@ -31,26 +31,59 @@ pub(super) fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: 
     let Some(last) = n_layer.checked_sub(1) else {
         return 0;
     };
-    let has = |t: &str| {
-        let name = format!("blk.{last}.{t}.weight");
-        h.tensors.iter().any(|x| x.name == name)
-    };
-    let Some(s) = Shape::of(h, last as u64, tokens) else {
+    let Some(s) = Shape::of(&Hp::new(h), last as u64, tokens) else {
         return 0;
     };
     let r = u128::from(residual);
-    if s.heads_kv == 0 {
-        0
-    } else if has("attn_qkv") {
-        r + s.q + (s.q + s.k + s.v) + s.k
-    } else if has("attn_q") && has("attn_k") && has("attn_v") {
-        2 * r + 2 * s.q
-    } else {
-        0
+    match Projected::of(h, n_layer).get(last) {
+        _ if s.heads_kv == 0 => 0,
+        Some(Projected::Fused) => r + s.q + (s.q + s.k + s.v) + s.k,
+        Some(Projected::Apart) => 2 * r + 2 * s.q,
+        _ => 0,
     }
 }
 
-/// An upper bound on the rows alive while layer `il` projects its query, key and value under
+/// How a layer projects its query, key and value: one fused weight (`attn_qkv`), three apart
+/// (`attn_q`, `attn_k`, `attn_v`), or neither.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Projected {
+    Neither,
+    Fused,
+    Apart,
+}
+
+impl Projected {
+    /// Each of the first `n_layer` layers', from one pass over the tensors.
+    fn of(h: &Header, n_layer: usize) -> Vec<Projected> {
+        // Bits: 1 attn_qkv, 2 attn_q, 4 attn_k, 8 attn_v.
+        let mut seen = vec![0u8; n_layer];
+        for t in &h.tensors {
+            let Some((il, rest)) = t.name.strip_prefix("blk.").and_then(|n| n.split_once('.'))
+            else {
+                continue;
+            };
+            let bit = match rest {
+                "attn_qkv.weight" => 1,
+                "attn_q.weight" => 2,
+                "attn_k.weight" => 4,
+                "attn_v.weight" => 8,
+                _ => continue,
+            };
+            if let Some(b) = il.parse::<usize>().ok().and_then(|il| seen.get_mut(il)) {
+                *b |= bit;
+            }
+        }
+        seen.into_iter()
+            .map(|b| match b {
+                _ if b & 1 != 0 => Projected::Fused,
+                _ if b & 14 == 14 => Projected::Apart,
+                _ => Projected::Neither,
+            })
+            .collect()
+    }
+}
+
+/// An upper bound on the rows alive while a layer projects its query, key and value under
 /// flash attention, for `tokens` tokens: the layer's input and its norm, the query, key and
 /// value, and a roped query beside them; with a fused projection (`attn_qkv`) the fused rows
 /// and the roped query and key. Whatever order the graph ropes in, no more is alive at once.
@@ -61,31 +94,29 @@ pub(super) fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: 
 /// after this attention, their last reader, and runs the layers after it in their place
 /// (traced over RPC, granitehybrid: 4.51 MiB logged, the masks' 4 MiB and the input, norm,
 /// query, key and value beside them; the scan chain after them peaked at 1.66 MiB).
-pub(super) fn projections(h: &Header, il: u64, tokens: u64, residual: u64) -> u128 {
-    let Some(s) = Shape::of(h, il, tokens).filter(|s| s.heads_kv > 0) else {
-        return 0;
-    };
-    let has = |t: &str| {
-        let name = format!("blk.{il}.{t}.weight");
-        h.tensors.iter().any(|x| x.name == name)
-    };
+fn projections(s: &Shape, how: Projected, residual: u64) -> u128 {
     let r = u128::from(residual);
-    if has("attn_qkv") {
-        2 * r + (s.q + s.k + s.v) + s.q + s.k
-    } else if has("attn_q") && has("attn_k") && has("attn_v") {
-        2 * r + 2 * s.q + s.k + s.v
-    } else {
-        0
+    match how {
+        _ if s.heads_kv == 0 => 0,
+        Projected::Fused => 2 * r + (s.q + s.k + s.v) + s.q + s.k,
+        Projected::Apart => 2 * r + 2 * s.q + s.k + s.v,
+        Projected::Neither => 0,
     }
 }
 
 /// `projections` of each block that attends (its KV cache in `p`), 0 for the others.
 pub(super) fn projections_by_layer(h: &Header, p: &Parts, tokens: u64) -> Vec<u128> {
-    (0..p.kv.len())
-        .map(|il| match p.kv[il] {
-            0 => 0,
-            _ => projections(h, il as u64, tokens, p.residual),
-        })
+    let hp = Hp::new(h);
+    let how = Projected::of(h, p.kv.len());
+    p.kv.iter()
+        .zip(how)
+        .enumerate()
+        .map(
+            |(il, (kv, how))| match (kv, Shape::of(&hp, il as u64, tokens)) {
+                (0, _) | (_, None) => 0,
+                (_, Some(s)) => projections(&s, how, p.residual),
+            },
+        )
         .collect()
 }
 
@@ -100,8 +131,7 @@ struct Shape {
 }
 
 impl Shape {
-    fn of(h: &Header, il: u64, tokens: u64) -> Option<Shape> {
-        let hp = Hp::new(h);
+    fn of(hp: &Hp<'_>, il: u64, tokens: u64) -> Option<Shape> {
         let (n_embd, heads) = (hp.u(&EMBEDDING)?, hp.per_layer(&HEAD_COUNT, il)?);
         let heads_kv = hp.per_layer(&HEAD_COUNT_KV, il).unwrap_or(heads);
         let head_k = hp.u(&KEY_LENGTH).or_else(|| n_embd.checked_div(heads))?;
@@ -118,8 +148,8 @@ impl Shape {
     }
 }
 
-/// One attention layer's buffers without flash attention, for a ubatch. The layer is the
-/// model's widest-cached one (a full-attention layer where there is one). Per stream the
+/// One attention layer's buffers without flash attention, for a ubatch: the largest of the
+/// model's full-attention layers (of its sliding-window ones where it has none). Per stream the
 /// engine multiplies the cached keys by the queries into a score matrix (f32: the stream's
 /// cells by its tokens by the heads; all streams hold a ubatch), takes its softmax in place
 /// against the mask, which is f32 now, copies the layer's V cache transposed (the cache was made
@@ -139,14 +169,21 @@ pub(super) struct Unfused {
 }
 
 impl Unfused {
-    /// The widest-cached attention layer's figures; None without one or without head shapes.
+    /// The largest figures of the full-attention layers (else the sliding-window ones); None
+    /// without such a layer or without head shapes.
     pub(super) fn new(h: &Header, p: &Parts, tokens: u64) -> Option<Unfused> {
-        let il = p
-            .mask_layers
-            .iter()
-            .position(|m| *m == Mask::Full)
-            .or_else(|| p.mask_layers.iter().position(|m| *m == Mask::Window))?;
-        let s = Shape::of(h, il as u64, tokens).filter(|s| s.heads_kv > 0)?;
+        let kind = [Mask::Full, Mask::Window]
+            .into_iter()
+            .find(|k| p.mask_layers.contains(k))?;
+        let hp = Hp::new(h);
+        (0..p.mask_layers.len())
+            .filter(|il| p.mask_layers[*il] == kind)
+            .filter_map(|il| Unfused::of_layer(&hp, p, il, tokens))
+            .max_by_key(|u| u.own(0))
+    }
+
+    fn of_layer(hp: &Hp<'_>, p: &Parts, il: usize, tokens: u64) -> Option<Unfused> {
+        let s = Shape::of(hp, il as u64, tokens).filter(|s| s.heads_kv > 0)?;
         // A mask is a stream's cells by the ubatch in f16: the scores are as many f32 per head.
         let mask = u128::from(match p.mask_layers[il] {
             Mask::Full => p.mask_full,
@@ -181,14 +218,17 @@ impl Unfused {
 impl Model {
     /// Whether the engine turns flash attention off for a placement leaving `host` these
     /// blocks (`attention`): the host's last block attends and the next, on a GPU, is
-    /// recurrent.
+    /// recurrent without attention, so that its state reads open it. (falcon-h1's layers,
+    /// recurrent and attending at once, open with the attention's norm, a GPU weight.) Decided
+    /// from the layers alone: a header without head shapes is flagged too, though its
+    /// `Unfused` buffers cannot be sized.
     pub(in crate::gguf::offload) fn flash_attention_off(&self, host: &HostShare) -> bool {
         let end = host.layers.end;
-        self.unfused.is_some()
-            && !host.layers.is_empty()
+        !host.layers.is_empty()
             && end < self.n_layer
             && self.attends(end - 1)
             && self.recurrent(end)
+            && !self.attends(end)
     }
 
     /// The compute buffers grown for attention without flash attention (`attention::Unfused`):
