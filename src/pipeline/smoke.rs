@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
+use super::Stage;
 use super::catalog::apply::key_of;
 use super::env::Env;
 use super::offloaded;
@@ -88,17 +89,30 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     let served = served_name_of(&ms.spec);
     let asked = request(&served, &spec.prompt, spec.max_tokens);
     let planned = planned_gpu_layers(ms, status);
-    if let Some(done) = &status.smoke
+    let ns = ms.namespace().unwrap_or_else(|| "default".into());
+    if let Some(done) = &mut status.smoke
         && done.uid.is_some()
         && done.uid == place.uid
         && done.request.as_deref() == Some(asked.as_str())
     {
-        let unsaid = planned.is_some() && done.gpu_layers.is_none();
-        let message = summary(done) + if unsaid { UNSAID } else { "" };
+        let mut message = summary(done);
+        if planned.is_some() && done.gpu_layers.is_none() {
+            // A log that could not be read is read again; one that did not say is not.
+            let unread = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == Stage::SmokeTest.condition() && c.message.contains(UNREAD));
+            if unread {
+                let (seen, said) = offload_in_log(env, &ns, &place.pod).await;
+                done.gpu_layers = seen;
+                message += &said;
+            } else {
+                message += &unknown(UNSAID);
+            }
+        }
         return offload_verdict(&place, planned, done.gpu_layers)
             .unwrap_or_else(|| Outcome::done(Progress::Answered, message));
     }
-    let ns = ms.namespace().unwrap_or_else(|| "default".into());
     let key = match engine_key(env, &ns, &secret_name(ms)) {
         Ok(k) => k,
         Err(message) => return Outcome::failed(&SmokeFailure::EngineKeyMissing(message)),
@@ -118,23 +132,9 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
             smoke.request = Some(asked);
             let mut message = summary(&smoke);
             if planned.is_some() {
-                match engine_log(env, &ns, &place.pod).await {
-                    Ok(log) => {
-                        smoke.gpu_layers = match offloaded::seen(&log) {
-                            offloaded::Seen::Layers { done, .. } => Some(done as i32),
-                            offloaded::Seen::NoGpu => Some(0),
-                            offloaded::Seen::Unknown => {
-                                message += UNSAID;
-                                None
-                            }
-                        };
-                    }
-                    Err(e) => {
-                        message = format!(
-                            "{message}; what the engine offloaded is unknown: its log cannot be read ({e})"
-                        )
-                    }
-                }
+                let (seen, said) = offload_in_log(env, &ns, &place.pod).await;
+                smoke.gpu_layers = seen;
+                message += &said;
             }
             let verdict = offload_verdict(&place, planned, smoke.gpu_layers);
             status.smoke = Some(smoke);
@@ -176,8 +176,27 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     }
 }
 
-/// Said of a GPU model whose engine log does not say what it offloaded.
-const UNSAID: &str = "; what the engine offloaded is unknown: its log does not say (llama.cpp logs its layers and their buffers at -lv 4, which engine.extraArgs can pass)";
+/// Why what a GPU model's engine offloaded is unknown: its log does not say.
+const UNSAID: &str = "its log does not say (llama.cpp logs its layers and their buffers at -lv 4, which engine.extraArgs can pass)";
+/// Or its log could not be read (then it is read again on the next pass).
+const UNREAD: &str = "its log cannot be read";
+
+fn unknown(why: &str) -> String {
+    format!("; what the engine offloaded is unknown: {why}")
+}
+
+/// The GPU layers the engine's log says it offloaded (0: no GPU used), and what the message
+/// adds where the log does not say or cannot be read.
+async fn offload_in_log(env: &Env, ns: &str, pod: &str) -> (Option<i32>, String) {
+    match engine_log(env, ns, pod).await {
+        Ok(log) => match offloaded::seen(&log) {
+            offloaded::Seen::Layers { done, .. } => (Some(done as i32), String::new()),
+            offloaded::Seen::NoGpu => (Some(0), String::new()),
+            offloaded::Seen::Unknown => (None, unknown(UNSAID)),
+        },
+        Err(e) => (None, unknown(&format!("{UNREAD} ({e})"))),
+    }
+}
 
 /// What a smoke test asks, as recorded in status.smoke.request.
 /// The GPU layers the Check stage planned, for a model with a GPU accelerator.
