@@ -154,6 +154,7 @@ impl Store {
     }
 
     /// The partial downloads: each one's sha256, bytes on disk and when it was last written.
+    #[cfg(test)]
     pub fn partials(&self) -> io::Result<Vec<super::space::Blob>> {
         Ok(self.incomplete()?.partials)
     }
@@ -163,7 +164,11 @@ impl Store {
         let mut found = Incomplete::default();
         for entry in std::fs::read_dir(self.root.join(".incomplete"))?.take(MAX_BLOBS) {
             let entry = entry?;
-            let meta = entry.metadata()?;
+            // A download that finished (renamed away) since the listing is no longer partial.
+            let meta = match entry.metadata() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                m => m?,
+            };
             if !meta.is_file() {
                 continue;
             }
@@ -250,7 +255,6 @@ impl Store {
     }
 }
 
-/// Bytes a file holds on disk: a partial download is sparse where its segments have not landed.
 /// The sha256 of a file named `<sha256><suffix>`, if it is one.
 fn sha_named(name: &std::ffi::OsStr, suffix: &str) -> Option<String> {
     let sha = name.to_str()?.strip_suffix(suffix)?;
@@ -266,6 +270,7 @@ pub struct Incomplete {
     pub partials: Vec<super::space::Blob>,
 }
 
+/// Bytes a file holds on disk: a partial download is sparse where its segments have not landed.
 fn on_disk(m: &std::fs::Metadata) -> u64 {
     use std::os::unix::fs::MetadataExt;
     m.blocks().saturating_mul(512).min(m.len())

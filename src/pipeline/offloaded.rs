@@ -2,9 +2,9 @@
 //! GPU` and each weights buffer when its build can offload (at `-lv 4` from b11312 on), and `no
 //! usable GPU found, --gpu-layers option will be ignored` when it cannot. A build that can
 //! offload but finds no device (a CPU image with the RPC backend, say) still counts the layers
-//! it was asked for; its weights' buffers, all in host memory, tell. A replica that answers on fewer GPU layers than the Check stage
-//! planned (a CPU image, a GPU the container does not see) runs many times slower, and is said
-//! so rather than called Ready.
+//! it was asked for; its weights' buffers, all in host memory, tell. A replica that answers on
+//! fewer GPU layers than the Check stage planned (a CPU image, a GPU the container does not see)
+//! runs many times slower, and is said so rather than called Ready.
 
 /// What the log says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
