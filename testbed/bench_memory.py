@@ -3,11 +3,13 @@
 
 For every model and setting it runs `modelserve estimate`, then starts llama-server with the
 flags the Catalog stage gives the pods (src/pipeline/catalog/args.rs), reads the buffers the
-engine logs at -lv 4, keeps every slot busy at once (one with a prompt that fills a ubatch, so
-the compute buffer is used as far as a prompt can) and reads the peak RSS (VmHWM). One line per
-row as it completes, then a summary. Sizes are MiB.
+engine logs at -lv 4, keeps every slot busy at once with a prompt that fills its context (so
+the KV cache and the compute buffers are touched as far as full slots touch them; --load ubatch
+sends one ubatch-long prompt and short chats instead, quicker and lower) and reads the peak RSS
+(VmHWM). One line per row as it completes, then a summary. Sizes are MiB.
 
   python3 testbed/bench_memory.py [MODEL.gguf ...] [--models GLOB] [--settings 4096x1,16384x4]
+                                  [--load full|ubatch]
 
 Without MODEL arguments it takes the set testbed/quantize_models.py writes. The goals a row is
 flagged for breaking:
@@ -102,35 +104,55 @@ def prompt_tokens(window: int) -> int:
 
 
 def long_prompt(url: str, n: int) -> list[int]:
-    """n token ids, from the server's own tokenizer."""
-    text = " ".join(f"item {i} of the inventory, checked and counted." for i in range(max(n, UBATCH)))
-    tokens = request(f"{url}/tokenize", {"content": text}).get("tokens", [])
-    if len(tokens) < n:
-        raise RuntimeError(f"the tokenizer gave {len(tokens)} tokens for the long prompt of {n}")
-    return tokens[:n]
+    """n token ids, from the server's own tokenizer (tokens per item differ by vocabulary: a
+    byte-level one takes several times as many, so the text doubles until it is long enough)."""
+    items = max(n // 4, UBATCH)
+    while True:
+        text = " ".join(f"item {i} of the inventory, checked and counted." for i in range(items))
+        tokens = request(f"{url}/tokenize", {"content": text}).get("tokens", [])
+        if len(tokens) >= n:
+            return tokens[:n]
+        if items >= 1 << 16:
+            raise RuntimeError(f"the tokenizer gave {len(tokens)} tokens for the long prompt of {n}")
+        items *= 2
 
 
-def load(url: str, parallel: int, checkpoints: bool, window: int) -> None:
-    """What a pod at its peak does: every slot busy at once, one of them with a prompt that fills
-    a ubatch, the others with a short chat. A model that keeps context checkpoints (sliding-window
-    or recurrent layers) gets the long prompt in every slot, `window` tokens longer where it has
+def load(url: str, ctx: int, parallel: int, checkpoints: bool, window: int, full: bool) -> None:
+    """What a pod at its peak does: every slot busy at once.
+
+    full (the default): each slot with its own prompt that fills its context but for the 8
+    tokens it then generates and a margin, so the KV cache's pages and the compute buffers'
+    attention masks (which grow with the cells in use) are touched as far as full slots touch
+    them; a model that keeps context checkpoints makes its two as such a prompt passes the
+    window. Otherwise (--load ubatch, quicker): one slot with a prompt that fills a ubatch, the
+    others with a short chat; a model that keeps context checkpoints (sliding-window or
+    recurrent layers) gets the long prompt in every slot, `window` tokens longer where it has
     sliding-window layers, so each slot ends with the CTX_CHECKPOINTS full copies the estimate
     counts (a short chat makes only the second, of a few cells)."""
-    prompt = long_prompt(url, prompt_tokens(window))
-    jobs = [(f"{url}/completion", {"prompt": prompt, "n_predict": 16})]
-    for i in range(1, parallel):
-        if checkpoints:
-            jobs.append((f"{url}/completion", {"prompt": prompt, "n_predict": 16}))
-        else:
-            jobs.append((f"{url}/v1/chat/completions",
-                         {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 16}))
+    if full:
+        want = ctx // parallel - 8
+        tokens = long_prompt(url, want + 8 * parallel)
+        jobs = [(f"{url}/completion", {"prompt": tokens[8 * i:8 * i + want], "n_predict": 4})
+                for i in range(parallel)]
+    else:
+        prompt = long_prompt(url, prompt_tokens(window))
+        jobs = [(f"{url}/completion", {"prompt": prompt, "n_predict": 16})]
+        for i in range(1, parallel):
+            if checkpoints:
+                jobs.append((f"{url}/completion", {"prompt": prompt, "n_predict": 16}))
+            else:
+                jobs.append((f"{url}/v1/chat/completions",
+                             {"messages": [{"role": "user", "content": f"Say hello {i}."}], "max_tokens": 16}))
     with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
         for f in [pool.submit(request, u, b) for u, b in jobs]:
-            f.result()
+            answer = f.result()
+            read = answer.get("timings", {}).get("prompt_n")
+            if full and read is not None and read != ctx // parallel - 8:
+                raise RuntimeError(f"the engine read {read} of a prompt of {ctx // parallel - 8} tokens")
 
 
 def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, key_file: str,
-            checkpoints: bool, window: int) -> dict:
+            checkpoints: bool, window: int, full: bool) -> dict:
     port = free_port()
     with open(log_path, "w+") as log:
         p = subprocess.Popen(server_args(server, model, ctx, parallel, port, key_file),
@@ -149,7 +171,7 @@ def measure(server: str, model: Path, ctx: int, parallel: int, log_path: Path, k
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"llama-server not ready in 900 s; log {log_path}")
                 time.sleep(0.2)
-            load(f"http://127.0.0.1:{port}", parallel, checkpoints, window)
+            load(f"http://127.0.0.1:{port}", ctx, parallel, checkpoints, window, full)
             with open(f"/proc/{p.pid}/status") as s:
                 hwm = next(int(line.split()[1]) * 1024 for line in s if line.startswith("VmHWM:"))
         finally:
@@ -244,6 +266,9 @@ def main() -> None:
     ap.add_argument("--server", help="llama-server binary (default: testbed/build-llama-server.sh)")
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "bench-memory",
                     help="where the llama-server logs are kept (default: %(default)s)")
+    ap.add_argument("--load", choices=["full", "ubatch"], default="full",
+                    help="full: every slot's prompt fills its context (the most a pod's slots touch); "
+                         "ubatch: one ubatch-long prompt, the others a short chat (quicker; the peak is lower)")
     args = ap.parse_args()
 
     models = [m for m in (args.models or default_models()) if fnmatch.fnmatch(m.name, args.glob)]
@@ -261,9 +286,10 @@ def main() -> None:
     est_hdr = " ".join(f"{h[:8]:>8}" for h in EST_FIELDS)
     log_hdr = " ".join(f"{h:>8}" for h in LOG_FIELDS)
     name_w = max(len(m.name) for m in models)
-    print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; "
-          f"peak: VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt "
-          f"(all of them where the model keeps context checkpoints, longer by the sliding window)")
+    peak = ("VmHWM after a prompt that fills its context in every slot" if args.load == "full" else
+            f"VmHWM after a request in every slot, one of them a {UBATCH + 16}-token prompt (all of them "
+            "where the model keeps context checkpoints, longer by the sliding window)")
+    print(f"# MiB. est: modelserve estimate; log: llama-server's buffers; peak: {peak}")
     print(f"{'model':<{name_w}} {'GiB':>5} {'ctx':>6} {'np':>3} | {est_hdr} | {log_hdr} | {'peak':>8} {'ratio':>6} flags",
           flush=True)
     rows, failing = 0, {"under": [], "over": [], "kv": [], "ckpt": [], "error": []}
@@ -281,7 +307,8 @@ def main() -> None:
                 m = measure(server, model, ctx, parallel, args.logs / f"{model.stem}-{ctx}x{parallel}.log",
                             str(key_file), (e.get("checkpoints") or 0) > 0,
                             # a slot shorter than the window and the prompt takes what fits (n_predict 16)
-                            max(0, min(e.get("checkpointWindow") or 0, ctx // parallel - UBATCH - 48)))
+                            max(0, min(e.get("checkpointWindow") or 0, ctx // parallel - UBATCH - 48)),
+                            args.load == "full")
             except (RuntimeError, OSError, ValueError) as err:
                 failing["error"].append(row_id)
                 print(f"{label} | error: {err}", flush=True)

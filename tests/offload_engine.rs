@@ -35,7 +35,7 @@ use modelserve::gguf::header::{Header, Value};
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
 use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
 use modelserve::gguf::{FileSource, read_header};
-use support::engine::{Server, inventory_tokens, post};
+use support::engine::{Server, fill_every_slot};
 use support::models::quantized;
 use support::rpc::{
     Buffers, Fitted, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
@@ -323,39 +323,6 @@ fn start(server: &Path, model: &Path, servers: &[RpcServer], p: &Placement) -> S
     Server::start(server, model, &args)
 }
 
-/// Every slot busy at once with its own prompt that fills its context (but for the few tokens
-/// it then generates), so every host buffer is touched as far as a full context touches it:
-/// the compute buffers' attention masks grow with the cells in use. (A model that keeps
-/// context checkpoints makes its two as such a prompt passes the window.)
-async fn load(s: &Server, http: &reqwest::Client) {
-    const PREDICT: u64 = 4;
-    let want = usize::try_from(CTX / PARALLEL - PREDICT - 4).unwrap();
-    let slots = PARALLEL as usize;
-    // Text of enough tokens for each slot's own prompt, starting apart: tokens per item differ
-    // by vocabulary (a byte-level one takes several times as many).
-    let mut items = want / 4;
-    let tokens = loop {
-        let tokens = inventory_tokens(s, http, items).await;
-        if tokens.len() >= want + 8 * slots {
-            break tokens;
-        }
-        assert!(items < 1 << 16, "{} tokens of {items} items", tokens.len());
-        items *= 2;
-    };
-    let one = |i: usize| {
-        post(
-            http,
-            format!("{}/completion", s.url),
-            serde_json::json!({ "prompt": &tokens[8 * i..8 * i + want], "n_predict": PREDICT }),
-        )
-    };
-    let done = futures::future::join_all((0..slots).map(one)).await;
-    for d in done {
-        let prompt = d["timings"]["prompt_n"].as_u64().unwrap_or(0);
-        assert_eq!(prompt as usize, want, "the whole prompt read: {d}");
-    }
-}
-
 /// MiB with two decimals, as the engine prints them.
 fn mib(b: u64) -> String {
     format!("{:.2}", b as f64 / MIB as f64)
@@ -454,7 +421,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
             let mut s = start(&server, model, servers, &p);
             s.ready(&http).await;
             reset_peak_rss(s.child.id());
-            load(&s, &http).await;
+            fill_every_slot(&s, &http, CTX, PARALLEL).await;
             let peak = peak_rss(s.child.id());
             let b = Buffers::parse(&s.log_text());
             let (set, at) = (setting.name(), format!("{name} {}", setting.name()));

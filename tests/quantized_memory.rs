@@ -1,9 +1,8 @@
 //! Rows of the memory benchmark (testbed/bench_memory.py) kept as assertions: real quantized
 //! models, one per quantization family (F16, the legacy Q8_0 and Q4_0, a k-quant mix, an
 //! i-quant), with real vocabularies up to the largest the families use (262k). Each is served
-//! by the real llama-server with the Catalog stage's flags, every slot busy at once and one of
-//! them (all of them, for a model that keeps context checkpoints, with the sliding window on
-//! top) with a prompt that fills a ubatch. The estimate must be at least the engine's peak RSS
+//! by the real llama-server with the Catalog stage's flags, every slot busy at once with a
+//! prompt that fills its context. The estimate must be at least the engine's peak RSS
 //! and at most 1.25 times it (1.10 for the model of 1 GiB and more), and the KV cache and
 //! recurrent state must equal the engine's own figures.
 
@@ -11,10 +10,9 @@ mod support;
 
 use std::path::Path;
 
-use futures::FutureExt;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
-use support::engine::{Server, inventory_tokens, logged, post};
+use support::engine::{Server, fill_every_slot, logged};
 use support::models::quantized;
 use support::{testbed_script, testbed_script_with};
 
@@ -67,42 +65,10 @@ fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
     Server::start(server, model, &args)
 }
 
-/// Every slot busy at once, one with a prompt of a ubatch and more (every one, when the model
-/// keeps context checkpoints, and longer by the `window` each checkpoint holds: such a prompt
-/// leaves the two full checkpoints the estimate counts); then the peak RSS.
-async fn peak_under_load(
-    s: &Server,
-    http: &reqwest::Client,
-    parallel: u64,
-    checkpoints: bool,
-    window: u64,
-) -> u64 {
-    let tokens = inventory_tokens(s, http, usize::try_from(UBATCH + window).unwrap()).await;
-    let want = usize::try_from(UBATCH + window).unwrap() + 16;
-    assert!(tokens.len() >= want, "{} tokens", tokens.len());
-    let long = || {
-        post(
-            http,
-            format!("{}/completion", s.url),
-            serde_json::json!({ "prompt": &tokens[..want], "n_predict": 16 }),
-        )
-    };
-    let others = (1..parallel).map(|i| {
-        if checkpoints {
-            long().boxed()
-        } else {
-            post(
-                http,
-                format!("{}/v1/chat/completions", s.url),
-                serde_json::json!({
-                    "messages": [{"role": "user", "content": format!("Say hello {i}.")}],
-                    "max_tokens": 16
-                }),
-            )
-            .boxed()
-        }
-    });
-    futures::future::join(long(), futures::future::join_all(others)).await;
+/// The peak RSS with every slot's context full (`fill_every_slot`): the most a replica's slots
+/// can touch, as a pod's slots are once its clients send long enough prompts.
+async fn peak_under_load(s: &Server, http: &reqwest::Client, ctx: u64, parallel: u64) -> u64 {
+    fill_every_slot(s, http, ctx, parallel).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
     status
         .lines()
@@ -150,11 +116,7 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals(
             let e = estimate(&path, ctx, parallel).await;
             let mut s = start(&server, &path, ctx, parallel);
             s.ready(&http).await;
-            // A slot shorter than the window and the prompt gets what fits (n_predict 16).
-            let window = e
-                .checkpoint_window
-                .min((ctx / parallel).saturating_sub(UBATCH + 48));
-            let peak = peak_under_load(&s, &http, parallel, e.checkpoints > 0, window).await;
+            let peak = peak_under_load(&s, &http, ctx, parallel).await;
             let log = s.log_text();
             let ratio = e.total as f64 / peak as f64;
             println!(

@@ -119,3 +119,37 @@ pub async fn inventory_tokens(
         .cloned()
         .unwrap_or_default()
 }
+
+/// Every slot busy at once with its own prompt that fills its context (`ctx / parallel` cells,
+/// but for the few tokens it then generates), so every host buffer is touched as far as full
+/// slots touch it: the KV cache's pages, and the compute buffers' attention masks, which grow
+/// with the cells in use. A model that keeps context checkpoints makes its two as such a prompt
+/// passes the window. Asserts the engine read each prompt whole.
+pub async fn fill_every_slot(s: &Server, http: &reqwest::Client, ctx: u64, parallel: u64) {
+    const PREDICT: u64 = 4;
+    let want = usize::try_from(ctx / parallel - PREDICT - 4).unwrap();
+    let slots = usize::try_from(parallel).unwrap();
+    // Text of enough tokens for each slot's own prompt, starting apart: tokens per item differ
+    // by vocabulary (a byte-level one takes several times as many).
+    let mut items = want / 4;
+    let tokens = loop {
+        let tokens = inventory_tokens(s, http, items).await;
+        if tokens.len() >= want + 8 * slots {
+            break tokens;
+        }
+        assert!(items < 1 << 16, "{} tokens of {items} items", tokens.len());
+        items *= 2;
+    };
+    let one = |i: usize| {
+        post(
+            http,
+            format!("{}/completion", s.url),
+            serde_json::json!({ "prompt": &tokens[8 * i..8 * i + want], "n_predict": PREDICT }),
+        )
+    };
+    let done = futures::future::join_all((0..slots).map(one)).await;
+    for d in done {
+        let prompt = d["timings"]["prompt_n"].as_u64().unwrap_or(0);
+        assert_eq!(prompt as usize, want, "the whole prompt read: {d}");
+    }
+}
