@@ -81,6 +81,34 @@ async fn mirror_for_pods(tb: &Testbed, registry: &str) -> (String, tempfile::Tem
     support::start_mirror_at(registry, &format!("{}:0", gateway.trim())).await
 }
 
+/// The fake Hub with the tiny model, the mirror where the node's pods reach it, and an
+/// operator for `namespace` using both, with the node's pull image and `extra` flags; dropped
+/// in that order's reverse.
+struct Serving {
+    _op: Operator,
+    _mirror: tempfile::TempDir,
+    _hub: FakeHub,
+}
+
+async fn serving(tb: &Testbed, namespace: &str, pull_image: &str, extra: &[&str]) -> Serving {
+    let hub = FakeHub::with_tiny_llama().await;
+    let (mirror_url, mirror) = mirror_for_pods(tb, &hub.url).await;
+    let mut flags = vec![
+        "--mirror-url",
+        &mirror_url,
+        "--pull-image",
+        pull_image,
+        "--place-grace",
+        "20s",
+    ];
+    flags.extend_from_slice(extra);
+    Serving {
+        _op: Operator::start_with(tb, namespace, &hub.url, &flags),
+        _mirror: mirror,
+        _hub: hub,
+    }
+}
+
 /// A ModelServe of `repo` whose replicas run on the real node, with `slots` of `slot` tokens.
 fn spec(
     repo: &str,
@@ -400,21 +428,7 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
         &ns.name,
         "pod-security.kubernetes.io/enforce=restricted",
     ]);
-    let hub = FakeHub::with_tiny_llama().await;
-    let (mirror_url, _mirror) = mirror_for_pods(&tb, &hub.url).await;
-    let _op = Operator::start_with(
-        &tb,
-        &ns.name,
-        &hub.url,
-        &[
-            "--mirror-url",
-            &mirror_url,
-            "--pull-image",
-            &pull_image,
-            "--place-grace",
-            "20s",
-        ],
-    );
+    let _serving = serving(&tb, &ns.name, &pull_image, &[]).await;
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
 
     // Sized by Check: Ready with the smoke reply, every step on the node, and a few completions
@@ -1060,23 +1074,7 @@ async fn a_gpu_model_whose_engine_runs_on_the_cpu_is_not_ready_and_says_why() {
     tb.install_crd();
     let _gpu = FakeGpu::add(&tb);
     let ns = tb.namespace("realgpu");
-    let hub = FakeHub::with_tiny_llama().await;
-    let (mirror_url, _mirror) = mirror_for_pods(&tb, &hub.url).await;
-    let _op = Operator::start_with(
-        &tb,
-        &ns.name,
-        &hub.url,
-        &[
-            "--mirror-url",
-            &mirror_url,
-            "--pull-image",
-            &pull_image,
-            "--place-grace",
-            "20s",
-            "--gpu-headroom",
-            "64Mi",
-        ],
-    );
+    let _serving = serving(&tb, &ns.name, &pull_image, &["--gpu-headroom", "64Mi"]).await;
     let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
     let mut spec = spec("acme/TinyLlama-GGUF", &engine_image, None, (1024, 2));
     spec["engine"]["accelerator"] = "cuda".into();
