@@ -994,6 +994,19 @@ const GPU_LABELS: [(&str, &str); 4] = [
     ("nvidia.com/cuda.driver.major", "12"),
 ];
 
+/// kubectl's arguments for a JSON `patch` of the real node's status.
+fn status_patch(patch: &str) -> [&str; 7] {
+    [
+        "patch",
+        "node",
+        NODE,
+        "--subresource=status",
+        "--type=json",
+        "-p",
+        patch,
+    ]
+}
+
 impl<'a> FakeGpu<'a> {
     /// The kubelet keeps an extended resource it has no device plugin for once the node's
     /// status says it has it (how a cluster advertises one by hand), and admits pods asking
@@ -1004,15 +1017,9 @@ impl<'a> FakeGpu<'a> {
         let pairs: Vec<String> = GPU_LABELS.iter().map(|(k, v)| format!("{k}={v}")).collect();
         label.extend(pairs.iter().map(String::as_str));
         tb.kubectl_ok(&label);
-        tb.kubectl_ok(&[
-            "patch",
-            "node",
-            NODE,
-            "--subresource=status",
-            "--type=json",
-            "-p",
+        tb.kubectl_ok(&status_patch(
             r#"[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"1"}]"#,
-        ]);
+        ));
         // The kubelet's next status update (every 10 s) copies it to allocatable, which the
         // Check stage and the scheduler read.
         let deadline = std::time::Instant::now() + Duration::from_secs(90);
@@ -1042,15 +1049,9 @@ impl Drop for FakeGpu<'_> {
         // One patch each: a JSON patch removing what is not there fails whole, and the test
         // may end before the kubelet copied the capacity to allocatable.
         for field in ["capacity", "allocatable"] {
-            let _ = self.tb.kubectl(&[
-                "patch",
-                "node",
-                NODE,
-                "--subresource=status",
-                "--type=json",
-                "-p",
-                &format!(r#"[{{"op":"remove","path":"/status/{field}/nvidia.com~1gpu"}}]"#),
-            ]);
+            let _ = self.tb.kubectl(&status_patch(&format!(
+                r#"[{{"op":"remove","path":"/status/{field}/nvidia.com~1gpu"}}]"#
+            )));
         }
         let mut label = vec!["label", "node", NODE];
         let keys: Vec<String> = GPU_LABELS.iter().map(|(k, _)| format!("{k}-")).collect();

@@ -10,7 +10,7 @@ use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::{Header, TensorInfo};
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
-use attention::{Unfused, last_attention, projections_by_layer};
+use attention::{Unfused, attention_rows};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -152,9 +152,8 @@ impl Model {
             }
         }
         m.output_largest = m.output_largest.max(m.tied);
-        m.last_attention = last_attention(h, n, m.ubatch, m.parts.residual);
+        (m.last_attention, m.projections) = attention_rows(h, &m.parts, m.ubatch);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
-        m.projections = projections_by_layer(h, &m.parts, m.ubatch);
         m
     }
 

@@ -27,15 +27,15 @@ use crate::gguf::memory::{Mask, Parts};
 /// with a fused one (`attn_qkv`): the input, the roped query in the norm's freed place, the
 /// fused query, key and value, and the roped key. Zero where the last block has no such
 /// projections (recurrent layers, latent attention) or the header lacks the head shapes.
-pub(super) fn last_attention(h: &Header, n_layer: usize, tokens: u64, residual: u64) -> u128 {
-    let Some(last) = n_layer.checked_sub(1) else {
+fn last_attention(hp: &Hp<'_>, how: &[Projected], tokens: u64, residual: u64) -> u128 {
+    let Some(last) = how.len().checked_sub(1) else {
         return 0;
     };
-    let Some(s) = Shape::of(&Hp::new(h), last as u64, tokens) else {
+    let Some(s) = Shape::of(hp, last as u64, tokens) else {
         return 0;
     };
     let r = u128::from(residual);
-    match Projected::of(h, n_layer).get(last) {
+    match how.get(last) {
         _ if s.heads_kv == 0 => 0,
         Some(Projected::Fused) => r + s.q + (s.q + s.k + s.v) + s.k,
         Some(Projected::Apart) => 2 * r + 2 * s.q,
@@ -53,7 +53,7 @@ enum Projected {
 }
 
 impl Projected {
-    /// Each of the first `n_layer` layers', from one pass over the tensors.
+    /// Each of the model's `n_layer` layers', from one pass over the tensors.
     fn of(h: &Header, n_layer: usize) -> Vec<Projected> {
         // Bits: 1 attn_qkv, 2 attn_q, 4 attn_k, 8 attn_v.
         let mut seen = vec![0u8; n_layer];
@@ -104,20 +104,24 @@ fn projections(s: &Shape, how: Projected, residual: u64) -> u128 {
     }
 }
 
-/// `projections` of each block that attends (its KV cache in `p`), 0 for the others.
-pub(super) fn projections_by_layer(h: &Header, p: &Parts, tokens: u64) -> Vec<u128> {
+/// The model's last block's attention rows (`last_attention`) and `projections` of each block
+/// that attends (its KV cache in `p`; 0 for the others), from one pass over the tensors.
+pub(super) fn attention_rows(h: &Header, p: &Parts, tokens: u64) -> (u128, Vec<u128>) {
     let hp = Hp::new(h);
     let how = Projected::of(h, p.kv.len());
-    p.kv.iter()
-        .zip(how)
-        .enumerate()
-        .map(
-            |(il, (kv, how))| match (kv, Shape::of(&hp, il as u64, tokens)) {
-                (0, _) | (_, None) => 0,
-                (_, Some(s)) => projections(&s, how, p.residual),
-            },
-        )
-        .collect()
+    let last = last_attention(&hp, &how, tokens, p.residual);
+    let projections =
+        p.kv.iter()
+            .zip(how)
+            .enumerate()
+            .map(
+                |(il, (kv, how))| match (kv, Shape::of(&hp, il as u64, tokens)) {
+                    (0, _) | (_, None) => 0,
+                    (_, Some(s)) => projections(&s, how, p.residual),
+                },
+            )
+            .collect();
+    (last, projections)
 }
 
 /// A layer's heads and its query, key and value rows for a ubatch.
