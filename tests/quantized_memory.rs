@@ -14,6 +14,7 @@ use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checke
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot, logged};
 use support::models::quantized;
+use support::rpc::peak_rss;
 use support::{testbed_script, testbed_script_with};
 
 const UBATCH: u64 = 512;
@@ -65,19 +66,6 @@ fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
     Server::start(server, model, &args)
 }
 
-/// The peak RSS with every slot's context full (`fill_every_slot`): the most a replica's slots
-/// can touch, as a pod's slots are once its clients send long enough prompts.
-async fn peak_under_load(s: &Server, http: &reqwest::Client, ctx: u64, parallel: u64) -> u64 {
-    fill_every_slot(s, http, ctx, parallel).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
-}
-
 async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
     let header = read_header(
         &mut FileSource {
@@ -116,7 +104,9 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals(
             let e = estimate(&path, ctx, parallel).await;
             let mut s = start(&server, &path, ctx, parallel);
             s.ready(&http).await;
-            let peak = peak_under_load(&s, &http, ctx, parallel).await;
+            // The peak with every slot's context full: the most a replica's slots can touch.
+            fill_every_slot(&s, &http, ctx, parallel).await;
+            let peak = peak_rss(s.child.id());
             let log = s.log_text();
             let ratio = e.total as f64 / peak as f64;
             println!(
