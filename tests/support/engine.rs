@@ -13,9 +13,12 @@ pub struct Server {
 }
 
 impl Drop for Server {
+    /// Kills it, and removes its log unless a test failed (then the log stays, named on
+    /// stderr): a full run starts about 300 servers.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        super::drop_log(&self.log);
     }
 }
 

@@ -363,6 +363,16 @@ pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option
     }
 }
 
+/// Removes a dropped process's log file, or keeps it and names it on stderr when the test is
+/// failing, so that the failure can be read and a passing run leaves nothing behind.
+pub fn drop_log(log: &Path) {
+    if std::thread::panicking() {
+        eprintln!("kept for the failure: {}", log.display());
+    } else {
+        let _ = std::fs::remove_file(log);
+    }
+}
+
 /// A TCP port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -19,9 +19,11 @@ pub struct RpcServer {
 }
 
 impl Drop for RpcServer {
+    /// Kills it, and removes its log as `Server` does.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        super::drop_log(&self.log);
     }
 }
 
