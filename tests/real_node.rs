@@ -413,7 +413,7 @@ async fn real_node(tb: &Testbed) {
 }
 
 #[tokio::test]
-async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersized_one_is_oomkilled()
+async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_failing_ones_say_why_in_its_words()
  {
     let tb = Testbed::get();
     real_node(&tb).await;
@@ -460,6 +460,28 @@ async fn a_model_is_served_by_the_real_kubelet_under_its_estimate_and_an_undersi
     let (_, reason, message) = condition(&s, "Placed");
     assert_eq!(reason, "OOMKilled", "{message}");
     println!("real node: undersized model: Placed False OOMKilled: {message}");
+
+    // An engine that exits at once: Place says why in the engine's own words, the end of its log
+    // that the kubelet keeps as the termination message (FallbackToLogsOnError); without it the
+    // message is the exit code alone.
+    let mut exits = spec(tiny, &engine_image, None, (1024, 2));
+    exits["engine"]["extraArgs"] = serde_json::json!(["--no-such-flag"]);
+    let exits = ModelServe::new("exits", serde_json::from_value(exits).unwrap());
+    api.create(&PostParams::default(), &exits).await.unwrap();
+    let s = until(
+        &api,
+        "exits",
+        "Placed",
+        |st, r| st == "False" && r == "CrashLoop",
+        300,
+    )
+    .await;
+    let (_, _, message) = condition(&s, "Placed");
+    assert!(
+        message.contains("last exit code 1 (Error): error: invalid argument: --no-such-flag"),
+        "{message}"
+    );
+    println!("real node: an engine that exits: Placed False CrashLoop: {message}");
 }
 
 /// The test bed's API server port, from its kubeconfig (`server: "https://127.0.0.1:PORT"`).

@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod args;
+mod container;
 pub mod gpu;
 pub mod objects;
 #[cfg(test)]

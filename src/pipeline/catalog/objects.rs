@@ -8,14 +8,15 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, HTTPGetAction, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, SecurityContext, Service,
-    ServiceAccountTokenProjection, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeProjection,
+    ProjectedVolumeSource, ResourceRequirements, SecretVolumeSource, Service,
+    ServiceAccountTokenProjection, ServicePort, ServiceSpec, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
+use super::container::{LOG_ON_ERROR, mount, restricted};
 use crate::api::{CheckStatus, ModelServe, ResolvedStatus};
 use crate::names::{
     COMMIT_ANNOTATION, KEY_DIGEST_ANNOTATION, KEY_DIR, MIRROR_TOKEN_DIR, MIRROR_TOKEN_FILE,
@@ -100,6 +101,7 @@ pub fn objects(
             ..Default::default()
         }),
         security_context: Some(restricted()),
+        termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..Default::default()
     };
 
@@ -159,6 +161,7 @@ pub fn objects(
         // volumes, and needs no capability on its port above 1024. An image that runs as
         // root by default runs as 65532 here, which a world-executable binary allows.
         security_context: Some(restricted()),
+        termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..Default::default()
     };
 
@@ -286,37 +289,6 @@ fn mirror_token(audience: &str) -> Volume {
     }
 }
 
-fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: volume.into(),
-        mount_path: path.into(),
-        // The API server drops a false readOnly (omitempty); leaving it out keeps what is
-        // applied equal to what is read back, so no drift is seen where there is none.
-        read_only: read_only.then_some(true),
-        ..Default::default()
-    }
-}
-
-/// What the `restricted` Pod Security level asks of a container, and a read-only root: both
-/// containers write only to their volumes.
-fn restricted() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        seccomp_profile: Some(k8s_openapi::api::core::v1::SeccompProfile {
-            type_: "RuntimeDefault".into(),
-            ..Default::default()
-        }),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        run_as_user: Some(65532),
-        capabilities: Some(k8s_openapi::api::core::v1::Capabilities {
-            drop: Some(vec!["ALL".into()]),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 pub fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
     ms.controller_owner_ref(&())
         .ok_or_else(|| "the ModelServe has no uid yet".to_string())
@@ -326,45 +298,6 @@ pub fn owner(ms: &ModelServe) -> Result<OwnerReference, String> {
 mod tests {
     use super::super::testing::*;
     use super::*;
-
-    #[test]
-    fn every_container_of_a_replica_meets_the_restricted_pod_security_level() {
-        let ms = model(serde_json::json!({"repo": "o/Tiny-GGUF"}));
-        let r = resolved(&[("tiny-Q4_K_M.gguf", 1 << 20)]);
-        let (d, _) = objects(&ms, &r, &checked(64 << 20, 1), &settings(10587), "kd").unwrap();
-        let pod = d.spec.unwrap().template.spec.unwrap();
-        let all: Vec<_> = pod
-            .init_containers
-            .iter()
-            .flatten()
-            .chain(&pod.containers)
-            .collect();
-        assert_eq!(all.len(), 2);
-        for c in all {
-            let sc = c.security_context.as_ref().expect("securityContext");
-            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
-            assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
-            assert_ne!(sc.run_as_user, Some(0), "{}", c.name);
-            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
-            assert_eq!(
-                sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
-                Some("RuntimeDefault"),
-                "{}",
-                c.name
-            );
-            let caps = sc.capabilities.as_ref().expect("capabilities");
-            assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
-            assert_eq!(caps.add, None, "{}", c.name);
-        }
-        // Nothing of the host, no volume types restricted forbids.
-        assert_eq!(pod.host_network, None);
-        assert!(
-            pod.volumes
-                .iter()
-                .flatten()
-                .all(|v| v.empty_dir.is_some() || v.secret.is_some() || v.projected.is_some())
-        );
-    }
 
     #[test]
     fn the_init_container_alone_presents_a_token_for_the_mirror_audience() {

@@ -46,15 +46,77 @@ pub fn describe_exit(t: &ContainerStateTerminated) -> String {
     if let Some(r) = t.reason.as_deref().filter(|r| !r.is_empty()) {
         s += &format!(" ({r})");
     }
-    if let Some(m) = t
-        .message
-        .as_deref()
-        .map(str::trim)
-        .filter(|m| !m.is_empty())
-    {
+    if let Some(m) = t.message.as_deref().map(telling).filter(|m| !m.is_empty()) {
         s += &format!(": {m}");
     }
     s
+}
+
+/// The most lines of a termination message said.
+const TELLING_LINES: usize = 6;
+/// The most bytes of one line said.
+const TELLING_LINE: usize = 400;
+
+/// What a termination message says, on one line. A container's log tail (its termination
+/// message under FallbackToLogsOnError: up to 80 lines) is cut to its error lines, the last six
+/// (all of them when none says error: the last three), each without llama.cpp's time and level
+/// prefix, joined by " | ".
+pub(super) fn telling(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let errors: Vec<&str> = lines.iter().copied().filter(|l| says_error(l)).collect();
+    let (chosen, most) = if errors.is_empty() {
+        (lines, 3)
+    } else {
+        (errors, TELLING_LINES)
+    };
+    let from = chosen.len().saturating_sub(most);
+    chosen[from..]
+        .iter()
+        .map(|l| crate::conditions::truncate(unprefixed(l).0, TELLING_LINE))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+/// A log line without llama.cpp's prefix (`0.00.124.126 E `), and its level letter if it had one.
+fn unprefixed(line: &str) -> (&str, Option<&str>) {
+    let mut parts = line.splitn(3, ' ');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(time), Some(level), Some(rest))
+            if time.contains('.')
+                && time.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                && level.len() == 1
+                && level.bytes().all(|b| b.is_ascii_uppercase()) =>
+        {
+            (rest.trim_start(), Some(level))
+        }
+        _ => (line, None),
+    }
+}
+
+/// Whether a log line is an error: llama.cpp's level E, or words that say one.
+fn says_error(line: &str) -> bool {
+    let (text, level) = unprefixed(line);
+    if level == Some("E") {
+        return true;
+    }
+    let text = text.to_ascii_lowercase();
+    [
+        "error",
+        "fail",
+        "abort",
+        "panic",
+        "exception",
+        "insufficient",
+        "out of memory",
+        "unable",
+        "invalid",
+    ]
+    .iter()
+    .any(|w| text.contains(w))
 }
 
 pub(super) fn oom_killed(pod: &Pod) -> Option<String> {
@@ -136,6 +198,7 @@ pub(super) fn image_pull(pod: &Pod) -> Option<String> {
 mod tests {
     use super::super::testing::*;
     use super::super::verdict::Verdict;
+    use super::telling;
     use serde_json::json;
 
     #[test]
@@ -202,6 +265,37 @@ mod tests {
         assert!(
             m.starts_with("init container pull of m-6f4bd78f57-v76ff keeps crashing: restarted 5 times, now in CrashLoopBackOff; last exit code 1 (Error): pull failed"),
             "{m}"
+        );
+    }
+
+    #[test]
+    fn a_log_tail_is_said_by_its_error_lines_without_their_prefix() {
+        // The end of llama-server's log when a GPU has too little free memory (b11312's words).
+        let tail = "0.00.120.001 I load_tensors: loading model tensors, this can take a while... (mmap = true)
+0.00.121.310 E ggml_backend_cuda_buffer_type_alloc_buffer: allocating 21504.00 MiB on device 0: cudaMalloc failed: out of memory
+0.00.121.311 E alloc_tensor_range: failed to allocate CUDA0 buffer of size 22548578304
+0.00.124.100 E llama_model_load: error loading model: unable to allocate CUDA0 buffer
+0.00.124.101 E llama_model_load_from_file_impl: failed to load model
+0.00.124.200 I srv    operator(): operator(): cleaning up before exit...
+";
+        assert_eq!(
+            telling(tail),
+            "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 21504.00 MiB on device 0: cudaMalloc failed: out of memory | alloc_tensor_range: failed to allocate CUDA0 buffer of size 22548578304 | llama_model_load: error loading model: unable to allocate CUDA0 buffer | llama_model_load_from_file_impl: failed to load model"
+        );
+        // No line says error: the last three, as they are.
+        let quiet = "a\nb\n\nc\nd\n";
+        assert_eq!(telling(quiet), "b | c | d");
+        // One line is said whole; a flood is cut to the last six error lines, each bounded.
+        assert_eq!(telling("  error loading model  "), "error loading model");
+        let flood: String = (0..80)
+            .map(|i| format!("error {i} {}\n", "x".repeat(2000)))
+            .collect();
+        let said = telling(&flood);
+        assert_eq!(said.matches(" | ").count(), 5);
+        assert!(
+            said.starts_with("error 74 ") && said.len() < 6 * 410,
+            "{}",
+            said.len()
         );
     }
 
