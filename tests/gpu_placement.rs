@@ -3,7 +3,8 @@
 //! the layers by llama.cpp's rules before any download, the Deployment asks for exactly those
 //! GPUs with exactly those flags, the real scheduler puts the pod on the node that has them, and
 //! Place reports, in the scheduler's words, a second model wanting the same GPUs, and in the
-//! kubelet's, an engine whose CUDA is newer than the node's driver.
+//! kubelet's, an engine whose CUDA is newer than the node's driver and a GPU with less free
+//! memory than the engine allocates.
 //!
 //! The GPUs are MiB, not GiB: the pipeline mirrors the model before it is placed, so the model is
 //! the test bed's small one, and the GPUs are sized to it. The same decision at GiB sizes (a model
@@ -118,16 +119,23 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     tb.install_crd();
     remove_orphans(&tb);
     let pool = format!("kwok-gpu-{}", std::process::id());
-    let (one, two, spare) = (
+    let (one, two, spare, spare_too) = (
         format!("{pool}-one-small"),
         format!("{pool}-two-large"),
         format!("{pool}-spare"),
+        format!("{pool}-spare-too"),
     );
     let nodes = GpuNodes {
         tb: &tb,
-        names: vec![one.clone(), two.clone(), spare.clone()],
+        names: vec![one.clone(), two.clone(), spare.clone(), spare_too.clone()],
     };
-    for (name, gpus, mib) in [(&one, 1, 8), (&two, 2, 512), (&spare, 1, 512)] {
+    let sizes = [
+        (&one, 1, 8),
+        (&two, 2, 512),
+        (&spare, 1, 512),
+        (&spare_too, 1, 512),
+    ];
+    for (name, gpus, mib) in sizes {
         let applied = tb.kubectl_stdin(
             &["apply", "-f", "-"],
             &gpu_node(name, &pool, gpus, mib, 12).to_string(),
@@ -261,5 +269,40 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     println!("gpu: driver: Placed False DriverTooOld: {m}");
     assert!(m.contains("CUDA driver version is insufficient"), "{m}");
     assert!(m.contains("server-cuda"), "it says what to do: {m}");
+
+    // A GPU with less free memory than its label says, as a kwok fault plays it: the end of the
+    // engine's log (its termination message), and what the Check stage planned on that GPU.
+    let short = tb.namespace("fault-gpuoom");
+    let _op3 = Operator::start_with(
+        &tb,
+        &short.name,
+        &hub.url,
+        &["--mirror-url", &mirror_url, "--gpu-headroom", "4Mi"],
+    );
+    let sapi: Api<ModelServe> = Api::namespaced(tb.client().await, &short.name);
+    let ms = ModelServe::new(
+        "short",
+        serde_json::from_value(gpu_model(&pool, 1)).unwrap(),
+    );
+    sapi.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(&sapi, "short", "Placed", ("False", "GPUOutOfMemory"), 240).await;
+    let (_, _, m) = condition(&s, "Placed");
+    println!("gpu: short: Placed False GPUOutOfMemory: {m}");
+    assert!(m.contains("cudaMalloc failed: out of memory | "), "{m}");
+    assert!(
+        !m.contains("0.00.121.310 E "),
+        "llama.cpp's prefixes are dropped: {m}"
+    );
+    let planned = s.check.as_ref().and_then(|c| c.devices.first()).unwrap();
+    let size = |b: i64| modelserve::units::human_bytes(b as u64);
+    assert!(
+        m.contains(&format!(
+            "the Check stage planned {} of its {} on GPU 0",
+            size(planned.total_bytes),
+            size(planned.memory_bytes)
+        )),
+        "{m}"
+    );
+    assert!(m.contains("engine.gpuMemory"), "it says what to do: {m}");
     drop(nodes);
 }

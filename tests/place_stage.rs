@@ -116,7 +116,15 @@ async fn place(
     let mut last = None;
     let found = eventually(Duration::from_secs(30), async || {
         let observed = observe(&client, &ns.name, "m").await.ok()?;
-        let d = decide("m", &ns.name, &observed, Timestamp::now(), &LIMITS, None);
+        let d = decide(
+            "m",
+            &ns.name,
+            &observed,
+            Timestamp::now(),
+            &LIMITS,
+            None,
+            None,
+        );
         let hit = reason(&d.outcome) == want && also(&d);
         last = Some(d.clone());
         hit.then_some(d)

@@ -8,6 +8,7 @@
 
 pub mod describe;
 pub mod failing;
+mod gpu;
 pub mod observe;
 #[cfg(test)]
 mod testing;
@@ -20,7 +21,7 @@ use kube::ResourceExt;
 
 use super::env::Env;
 use super::outcome::{Failure, Outcome, Progress, Recovery};
-use crate::api::{ModelServe, ModelServeStatus, PlacementStatus};
+use crate::api::{CheckStatus, ModelServe, ModelServeStatus, PlacementStatus};
 use crate::names::{endpoint, selector};
 pub use observe::{Observed, current_pods, observe};
 pub use verdict::{Verdict, verdict};
@@ -58,6 +59,10 @@ pub enum PlaceFailure {
     /// A crash loop whose last exit says the node's GPU driver is older than the image's CUDA.
     #[error("{0}")]
     DriverTooOld(String),
+    /// A crash loop whose last exit says a GPU had less free memory than the engine allocates.
+    #[error("{0}")]
+    #[strum(serialize = "GPUOutOfMemory")]
+    GpuOutOfMemory(String),
     #[error("{0}")]
     #[strum(serialize = "OOMKilled")]
     OomKilled(String),
@@ -103,6 +108,7 @@ pub fn decide(
     now: Timestamp,
     limits: &Limits,
     previous: Option<&PlacementStatus>,
+    check: Option<&CheckStatus>,
 ) -> Decision {
     let ds = observed.deployment.as_ref().and_then(|d| d.status.as_ref());
     let replicas = ds.and_then(|s| s.replicas).unwrap_or(0);
@@ -163,11 +169,17 @@ pub fn decide(
             (Outcome::failed(&PlaceFailure::FailedCreate(m)), None)
         }
         Verdict::Progress(m) => (waiting(m), None),
-        Verdict::Unschedulable(m) if short_of_gpus(&m) => {
+        Verdict::Unschedulable(m) if gpu::short_of_gpus(&m) => {
             (Outcome::failed(&PlaceFailure::InsufficientGpu(m)), None)
         }
         Verdict::Unschedulable(m) => (Outcome::failed(&PlaceFailure::Unschedulable(m)), None),
-        Verdict::CrashLoop(m) if driver_too_old(&m) => (
+        Verdict::CrashLoop(m) if gpu::out_of_memory(&m) => (
+            Outcome::failed(&PlaceFailure::GpuOutOfMemory(gpu::out_of_memory_message(
+                &m, check,
+            ))),
+            None,
+        ),
+        Verdict::CrashLoop(m) if gpu::driver_too_old(&m) => (
             Outcome::failed(&PlaceFailure::DriverTooOld(format!(
                 "{m}; the node's GPU driver is older than the CUDA runtime of the engine image: use an image built for the nodes' CUDA (server-cuda is CUDA 12, server-cuda13 CUDA 13) or update the driver"
             ))),
@@ -184,29 +196,6 @@ pub fn decide(
         replicas,
         ready_replicas,
     }
-}
-
-/// Whether the scheduler's words say a GPU resource is short (`Insufficient nvidia.com/gpu`,
-/// `Insufficient amd.com/gpu`).
-fn short_of_gpus(m: &str) -> bool {
-    m.split("Insufficient ").skip(1).any(|rest| {
-        rest.split([',', ' '])
-            .next()
-            .is_some_and(|resource| resource.trim_end_matches('.').ends_with("/gpu"))
-    })
-}
-
-/// Whether an exit says the GPU driver is too old for the image's CUDA runtime, in the words
-/// the CUDA runtime and ggml use.
-fn driver_too_old(m: &str) -> bool {
-    let m = m.to_ascii_lowercase();
-    [
-        "cuda driver version is insufficient",
-        "provided ptx was compiled with an unsupported toolchain",
-        "forward compatibility was attempted on non supported hw",
-    ]
-    .iter()
-    .any(|w| m.contains(w))
 }
 
 /// The API server's words when the Deployment's ReplicaSet could not create a pod and none of
@@ -255,6 +244,7 @@ pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome
         env.clock.now(),
         &limits,
         status.placement.as_ref(),
+        status.check.as_ref(),
     );
     status.replicas = d.replicas;
     status.ready_replicas = d.ready_replicas;
@@ -268,31 +258,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gpus_the_scheduler_lacks_and_a_driver_too_old_are_told_apart() {
-        assert!(short_of_gpus(
-            "m-a cannot be scheduled: 0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint(s)."
-        ));
-        assert!(short_of_gpus(
-            "0/1 nodes are available: 1 Insufficient amd.com/gpu."
-        ));
-        assert!(!short_of_gpus(
-            "0/2 nodes are available: 2 Insufficient memory."
-        ));
-        assert!(!short_of_gpus(
-            "0/2 nodes are available: 2 Insufficient cpu."
-        ));
-        assert!(driver_too_old(
-            "container llama-server exited 4 times, last exit code 1 (Error): ggml_cuda_init: failed to initialize CUDA: CUDA driver version is insufficient for CUDA runtime version"
-        ));
-        assert!(!driver_too_old("exit code 1 (Error): error loading model"));
-        assert_eq!(
-            PlaceFailure::InsufficientGpu(String::new()).reason(),
-            "InsufficientGPU"
-        );
-        assert_eq!(
-            PlaceFailure::DriverTooOld(String::new()).reason(),
-            "DriverTooOld"
-        );
+    fn gpu_failures_have_their_own_reasons() {
+        for (f, reason) in [
+            (
+                PlaceFailure::InsufficientGpu(String::new()),
+                "InsufficientGPU",
+            ),
+            (PlaceFailure::DriverTooOld(String::new()), "DriverTooOld"),
+            (
+                PlaceFailure::GpuOutOfMemory(String::new()),
+                "GPUOutOfMemory",
+            ),
+        ] {
+            assert_eq!(f.reason(), reason);
+        }
     }
 
     #[test]
@@ -303,6 +282,7 @@ mod tests {
             &Observed::default(),
             ts("2026-11-29T20:00:00Z"),
             &LIMITS,
+            None,
             None,
         );
         assert!(
@@ -322,6 +302,7 @@ mod tests {
             &observed,
             ts("2026-11-29T20:10:00Z"),
             &LIMITS,
+            None,
             None,
         );
         assert_eq!(
@@ -347,7 +328,7 @@ mod tests {
             pods: vec![ready],
         };
         let now = ts("2026-11-29T20:10:00Z");
-        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        let d = decide("m", "ns", &observed, now, &LIMITS, None, None);
         assert_eq!(
             d.outcome,
             Outcome::Waiting {
@@ -364,7 +345,7 @@ mod tests {
             .as_mut()
             .unwrap();
         status.observed_generation = Some(3);
-        let d = decide("m", "ns", &observed, now, &LIMITS, None);
+        let d = decide("m", "ns", &observed, now, &LIMITS, None, None);
         assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
     }
 
@@ -397,6 +378,7 @@ mod tests {
             ts("2026-11-29T20:10:00Z"),
             &LIMITS,
             None,
+            None,
         );
         assert!(matches!(d.outcome, Outcome::Done { .. }), "{:?}", d.outcome);
     }
@@ -418,7 +400,7 @@ mod tests {
             pods: vec![],
         };
         let now = ts("2026-11-29T20:10:00Z");
-        let got = decide("m", "ns", &observed, now, &LIMITS, None);
+        let got = decide("m", "ns", &observed, now, &LIMITS, None, None);
         assert!(
             matches!(&got.outcome, Outcome::Failed { reason, message, recovery: Recovery::Heals(_) }
                 if reason == "FailedCreate"
@@ -431,7 +413,7 @@ mod tests {
         let mut placed = fixture(UNSCHEDULABLE);
         placed.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-rs1".into();
         observed.pods = vec![placed];
-        let got = decide("m", "ns", &observed, now, &LIMITS, None);
+        let got = decide("m", "ns", &observed, now, &LIMITS, None, None);
         assert!(
             matches!(&got.outcome, Outcome::Waiting { .. }),
             "{:?}",
@@ -454,6 +436,7 @@ mod tests {
             &observed,
             ts("2026-11-29T20:10:00Z"),
             &LIMITS,
+            None,
             None,
         );
         assert!(

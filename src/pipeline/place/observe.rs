@@ -169,6 +169,7 @@ mod tests {
             ts("2026-11-29T20:00:05Z"),
             &LIMITS,
             None,
+            None,
         );
         assert_eq!(
             d.outcome,
