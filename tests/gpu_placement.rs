@@ -90,6 +90,32 @@ fn gpu_model(pool: &str, gpus: u32) -> serde_json::Value {
     })
 }
 
+/// A one-GPU model in a namespace whose pods the kwok fault stage of `prefix` fails
+/// (testbed/kwok/pod-faults.yaml), checked by its own operator, once Placed is False with
+/// `reason`: the Placed message, printed, and the status.
+async fn faulted(
+    tb: &Testbed,
+    prefix: &str,
+    (hub, mirror): (&str, &str),
+    pool: &str,
+    reason: &str,
+) -> (String, ModelServeStatus) {
+    let ns = tb.namespace(prefix);
+    let _op = Operator::start_with(
+        tb,
+        &ns.name,
+        hub,
+        &["--mirror-url", mirror, "--gpu-headroom", "4Mi"],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let ms = ModelServe::new(prefix, serde_json::from_value(gpu_model(pool, 1)).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(&api, prefix, "Placed", ("False", reason), 240).await;
+    let (_, _, m) = condition(&s, "Placed");
+    println!("gpu: {prefix}: Placed False {reason}: {m}");
+    (m, s)
+}
+
 async fn until(
     api: &Api<ModelServe>,
     name: &str,
@@ -251,43 +277,27 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     assert!(m.contains("Insufficient nvidia.com/gpu"), "{m}");
 
     // An engine whose CUDA is newer than the node's driver, as a kwok fault plays it.
-    let faulty = tb.namespace("fault-driver");
-    let _op2 = Operator::start_with(
+    let (m, _) = faulted(
         &tb,
-        &faulty.name,
-        &hub.url,
-        &["--mirror-url", &mirror_url, "--gpu-headroom", "4Mi"],
-    );
-    let fapi: Api<ModelServe> = Api::namespaced(tb.client().await, &faulty.name);
-    let ms = ModelServe::new(
-        "driver",
-        serde_json::from_value(gpu_model(&pool, 1)).unwrap(),
-    );
-    fapi.create(&PostParams::default(), &ms).await.unwrap();
-    let s = until(&fapi, "driver", "Placed", ("False", "DriverTooOld"), 240).await;
-    let (_, _, m) = condition(&s, "Placed");
-    println!("gpu: driver: Placed False DriverTooOld: {m}");
+        "fault-driver",
+        (&hub.url, &mirror_url),
+        &pool,
+        "DriverTooOld",
+    )
+    .await;
     assert!(m.contains("CUDA driver version is insufficient"), "{m}");
     assert!(m.contains("server-cuda"), "it says what to do: {m}");
 
     // A GPU with less free memory than its label says, as a kwok fault plays it: the end of the
     // engine's log (its termination message), and what the Check stage planned on that GPU.
-    let short = tb.namespace("fault-gpuoom");
-    let _op3 = Operator::start_with(
+    let (m, s) = faulted(
         &tb,
-        &short.name,
-        &hub.url,
-        &["--mirror-url", &mirror_url, "--gpu-headroom", "4Mi"],
-    );
-    let sapi: Api<ModelServe> = Api::namespaced(tb.client().await, &short.name);
-    let ms = ModelServe::new(
-        "short",
-        serde_json::from_value(gpu_model(&pool, 1)).unwrap(),
-    );
-    sapi.create(&PostParams::default(), &ms).await.unwrap();
-    let s = until(&sapi, "short", "Placed", ("False", "GPUOutOfMemory"), 240).await;
-    let (_, _, m) = condition(&s, "Placed");
-    println!("gpu: short: Placed False GPUOutOfMemory: {m}");
+        "fault-gpuoom",
+        (&hub.url, &mirror_url),
+        &pool,
+        "GPUOutOfMemory",
+    )
+    .await;
     assert!(m.contains("cudaMalloc failed: out of memory | "), "{m}");
     assert!(
         !m.contains("0.00.121.310 E "),

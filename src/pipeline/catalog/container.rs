@@ -46,19 +46,24 @@ pub(super) fn restricted() -> SecurityContext {
 mod tests {
     use super::super::objects::objects;
     use super::super::testing::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-    #[test]
-    fn every_container_of_a_replica_meets_the_restricted_pod_security_level() {
+    /// The pod of a small model's replica, and its containers (init first).
+    fn replica() -> (PodSpec, Vec<Container>) {
         let ms = model(serde_json::json!({"repo": "o/Tiny-GGUF"}));
         let r = resolved(&[("tiny-Q4_K_M.gguf", 1 << 20)]);
         let (d, _) = objects(&ms, &r, &checked(64 << 20, 1), &settings(10587), "kd").unwrap();
         let pod = d.spec.unwrap().template.spec.unwrap();
-        let all: Vec<_> = pod
-            .init_containers
-            .iter()
-            .flatten()
+        let all = (pod.init_containers.iter().flatten())
             .chain(&pod.containers)
+            .cloned()
             .collect();
+        (pod, all)
+    }
+
+    #[test]
+    fn every_container_of_a_replica_meets_the_restricted_pod_security_level() {
+        let (pod, all) = replica();
         assert_eq!(all.len(), 2);
         for c in all {
             let sc = c.security_context.as_ref().expect("securityContext");
@@ -88,11 +93,9 @@ mod tests {
 
     #[test]
     fn a_failing_container_reports_the_end_of_its_log() {
-        let ms = model(serde_json::json!({"repo": "o/Tiny-GGUF"}));
-        let r = resolved(&[("tiny-Q4_K_M.gguf", 1 << 20)]);
-        let (d, _) = objects(&ms, &r, &checked(64 << 20, 1), &settings(10587), "kd").unwrap();
-        let pod = d.spec.unwrap().template.spec.unwrap();
-        for c in pod.init_containers.iter().flatten().chain(&pod.containers) {
+        let (_, all) = replica();
+        assert_eq!(all.len(), 2);
+        for c in all {
             assert_eq!(
                 c.termination_message_policy.as_deref(),
                 Some("FallbackToLogsOnError"),
