@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{SecurityContext, VolumeMount};
 /// image's CUDA, a GPU out of memory, or the engine's own error.
 pub(super) const LOG_ON_ERROR: &str = "FallbackToLogsOnError";
 
+/// The volume `volume` mounted at `path`.
 pub(super) fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
         name: volume.into(),
