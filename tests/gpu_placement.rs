@@ -55,6 +55,38 @@ fn remove_orphans(tb: &Testbed) {
 
 /// A kwok node with `gpus` GPUs of `mib` MiB each, CUDA driver `driver`, in pool `pool`.
 fn gpu_node(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
+    let mut node = whole_gpus(name, pool, gpus, mib, driver);
+    for field in ["capacity", "allocatable"] {
+        node["status"][field]["nvidia.com/gpu"] = gpus.to_string().into();
+    }
+    node
+}
+
+/// A kwok node whose `gpus` GPUs of `mib` MiB are cut into `slices` MIG slices of profile 1g.5gb,
+/// `slice_mib` MiB each, as the device plugin's mixed strategy and GFD show them: the slices as
+/// `nvidia.com/mig-1g.5gb`, their memory as `nvidia.com/mig-1g.5gb.memory`, beside the whole
+/// GPUs' labels.
+fn mig_node(
+    name: &str,
+    pool: &str,
+    (gpus, mib): (u32, u64),
+    (slices, slice_mib): (u32, u64),
+) -> serde_json::Value {
+    let mut node = whole_gpus(name, pool, gpus, mib, 12);
+    node["metadata"]["labels"]["nvidia.com/mig-1g.5gb.count"] = slices.to_string().into();
+    node["metadata"]["labels"]["nvidia.com/mig-1g.5gb.memory"] = slice_mib.to_string().into();
+    node["spec"]["taints"][0]["key"] = "nvidia.com/mig-1g.5gb".into();
+    for field in ["capacity", "allocatable"] {
+        node["status"][field][MIG] = slices.to_string().into();
+    }
+    node
+}
+
+/// The resource of the MIG slices of `mig_node`.
+const MIG: &str = "nvidia.com/mig-1g.5gb";
+
+/// A kwok node with GFD's labels of `gpus` GPUs of `mib` MiB, and no GPU resource yet.
+fn whole_gpus(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
@@ -72,10 +104,8 @@ fn gpu_node(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_j
         },
         "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
         "status": {
-            "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi",
-                         "nvidia.com/gpu": gpus.to_string()},
-            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi",
-                            "nvidia.com/gpu": gpus.to_string()},
+            "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi"},
+            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi"},
         },
     })
 }
@@ -145,16 +175,29 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     tb.install_crd();
     remove_orphans(&tb);
     let pool = format!("kwok-gpu-{}", std::process::id());
-    let (one, two, spare, spare_too) = (
+    let (one, two, spare, spare_too, mig) = (
         format!("{pool}-one-small"),
         format!("{pool}-two-large"),
         format!("{pool}-spare"),
         format!("{pool}-spare-too"),
+        format!("{pool}-mig"),
     );
     let nodes = GpuNodes {
         tb: &tb,
-        names: vec![one.clone(), two.clone(), spare.clone(), spare_too.clone()],
+        names: vec![
+            one.clone(),
+            two.clone(),
+            spare.clone(),
+            spare_too.clone(),
+            mig.clone(),
+        ],
     };
+    // One GPU of 512 MiB cut into two slices of 64 MiB.
+    let applied = tb.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &mig_node(&mig, &pool, (1, 512), (2, 64)).to_string(),
+    );
+    assert!(applied.status.success(), "{applied:?}");
     let sizes = [
         (&one, 1, 8),
         (&two, 2, 512),
@@ -275,6 +318,43 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     let (_, _, m) = condition(&s, "Placed");
     println!("gpu: second: Placed False InsufficientGPU: {m}");
     assert!(m.contains("Insufficient nvidia.com/gpu"), "{m}");
+
+    // A MIG slice: placed by its profile's memory, never the whole GPU's, on the node that has
+    // slices, asking for one.
+    let mut spec = gpu_model(&pool, 1);
+    spec["engine"]["gpuResource"] = MIG.into();
+    let ms = ModelServe::new("slice", serde_json::from_value(spec).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(&api, "slice", "Placed", ("True", "Placed"), 240).await;
+    let check = s.check.clone().expect("status.check");
+    let (_, _, checked) = condition(&s, "Checked");
+    println!("gpu: slice: Checked: {checked}");
+    assert_eq!(check.gpu_memory_bytes, Some(64 << 20), "{checked}");
+    assert_eq!(
+        check.devices[0].product.as_deref(),
+        Some("NVIDIA-TEST-MIG-1g.5gb")
+    );
+    let pod = pods
+        .list(&ListParams::default().labels("modelserve.dev/model=slice"))
+        .await
+        .unwrap()
+        .items
+        .remove(0);
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(mig.as_str()));
+    let server = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "llama-server")
+        .unwrap();
+    let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits.get(MIG).map(|q| q.0.as_str()), Some("1"));
+    let affinity = serde_json::to_string(&spec.affinity).unwrap();
+    assert!(
+        affinity.contains("nvidia.com/mig-1g.5gb.memory") && affinity.contains("\"63\""),
+        "{affinity}"
+    );
+    println!("gpu: slice placed on {mig} with {MIG} 1 and affinity {affinity}");
 
     // An engine whose CUDA is newer than the node's driver, as a kwok fault plays it.
     let (m, _) = faulted(

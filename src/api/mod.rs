@@ -233,7 +233,7 @@ pub struct EngineSpec {
     /// How the model is split over several GPUs (llama.cpp --split-mode): layer (default), row or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_mode: Option<SplitMode>,
-    /// The extended resource the GPUs are requested as; default from the accelerator: nvidia.com/gpu for cuda and vulkan, amd.com/gpu for rocm.
+    /// The extended resource the GPUs are requested as; default from the accelerator: nvidia.com/gpu for cuda and vulkan, amd.com/gpu for rocm. A MIG slice of the device plugin's mixed strategy, such as nvidia.com/mig-1g.10gb, is placed by its own memory label (nvidia.com/mig-1g.10gb.memory), never the whole GPU's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
-use crate::pipeline::check::gpu::NVIDIA_MEMORY;
+use crate::pipeline::check::gpu::memory_label;
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
 /// off because the operator decided them. The flag is known from this build (the newest read
@@ -53,21 +53,21 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 }
 
 /// Node affinity to GPUs with at least the memory the placement assumed, when that came from
-/// GPU Feature Discovery's label (a number of MiB the scheduler can compare).
+/// GPU Feature Discovery's label (a number of MiB the scheduler can compare): the whole GPU's, or
+/// a MIG profile's own for a MIG resource.
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
-    let by_label =
-        engine.gpu_memory.is_none() && engine.gpu_resource().as_deref() == Some("nvidia.com/gpu");
-    if !by_label {
+    if engine.gpu_memory.is_some() {
         return None;
     }
+    let key = memory_label(&engine.gpu_resource()?)?;
     let mib = memory / (1 << 20);
     Some(Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                 node_selector_terms: vec![NodeSelectorTerm {
                     match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: NVIDIA_MEMORY.into(),
+                        key,
                         operator: "Gt".into(),
                         values: Some(vec![mib.saturating_sub(1).to_string()]),
                     }]),
@@ -98,6 +98,7 @@ pub fn add_limits(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::check::gpu::NVIDIA_MEMORY;
 
     fn engine(v: serde_json::Value) -> EngineSpec {
         serde_json::from_value(v).unwrap()
@@ -177,5 +178,24 @@ mod tests {
         assert!(affinity(&set, &placed(33, None, 24 << 30)).is_none());
         let amd = engine(serde_json::json!({"accelerator": "rocm"}));
         assert!(affinity(&amd, &placed(33, None, 24 << 30)).is_none());
+        // A MIG slice: its profile's own label.
+        let mig = engine(
+            serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/mig-1g.5gb"}),
+        );
+        let a = affinity(&mig, &placed(33, None, 4864 << 20)).unwrap();
+        let term = &a
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms[0];
+        let req = &term.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (req.key.as_str(), req.values.clone()),
+            (
+                "nvidia.com/mig-1g.5gb.memory",
+                Some(vec!["4863".to_string()])
+            )
+        );
     }
 }

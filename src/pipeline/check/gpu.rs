@@ -25,6 +25,24 @@ pub const NVIDIA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
 /// AMD's node labeller: memory of one GPU, such as 16G or 191G.
 pub const AMD_VRAM: &str = "amd.com/gpu.vram";
 pub const AMD_PRODUCT: &str = "amd.com/gpu.product-name";
+/// The resources of MIG slices under the device plugin's mixed strategy, such as
+/// `nvidia.com/mig-1g.10gb`; GFD labels each profile's memory `<resource>.memory` beside the whole
+/// GPU's `nvidia.com/gpu.memory`.
+const MIG_PREFIX: &str = "nvidia.com/mig-";
+
+/// The node label that holds, in MiB, the memory of one unit of `resource`, which node affinity
+/// can compare: a MIG profile's own (`nvidia.com/mig-1g.10gb.memory`), else GFD's whole GPU's for
+/// NVIDIA's resources (`nvidia.com/gpu`, or a time-sliced `nvidia.com/gpu.shared`); None for
+/// others (AMD's label is a size such as 16G, not a number).
+pub fn memory_label(resource: &str) -> Option<String> {
+    if resource.starts_with(MIG_PREFIX) {
+        Some(format!("{resource}.memory"))
+    } else if resource.starts_with("nvidia.com/") {
+        Some(NVIDIA_MEMORY.into())
+    } else {
+        None
+    }
+}
 
 /// What the GPU part of a check is for, from the spec and the operator's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +86,15 @@ impl Request {
         }))
     }
 
-    /// What status.check.request records of it.
+    /// What status.check.request records of it. Where the memory comes from labels, the key
+    /// names the label, so a check made when MIG slices were read from the whole GPU's label is
+    /// made again.
     pub fn key(&self) -> String {
+        let memory = match (self.memory, memory_label(&self.resource)) {
+            (Some(m), _) => m.to_string(),
+            (None, Some(label)) => format!("label:{label}"),
+            (None, None) => "labels".into(),
+        };
         format!(
             "{} gpus={} resource={} ngl={} split={} memory={} margin={}",
             self.accelerator.name(),
@@ -77,7 +102,7 @@ impl Request {
             self.resource,
             self.layers.map_or("auto".into(), |n| n.to_string()),
             self.split_mode.name(),
-            self.memory.map_or("labels".into(), |m| m.to_string()),
+            memory,
             self.margin
         )
     }
@@ -85,15 +110,23 @@ impl Request {
 
 /// The replicas' tolerations: the spec's, and with a GPU accelerator one for the usual taint
 /// of GPU nodes (the resource's name, any value, NoSchedule), which the NVIDIA and AMD device
-/// plugins' guides put on them. The Check stage considers the nodes these tolerate.
+/// plugins' guides put on them; for a MIG slice also `nvidia.com/gpu`'s, as its node is an
+/// NVIDIA GPU node. The Check stage considers the nodes these tolerate.
 pub fn tolerations(engine: &EngineSpec) -> Vec<k8s_openapi::api::core::v1::Toleration> {
     let mut all = engine.tolerations.clone();
-    if let Some(resource) = engine
+    let Some(resource) = engine
         .gpu_resource()
         .filter(|_| engine.accelerator().is_gpu())
-    {
+    else {
+        return all;
+    };
+    let mut keys = vec![resource.clone()];
+    if resource.starts_with(MIG_PREFIX) {
+        keys.push("nvidia.com/gpu".into());
+    }
+    for key in keys {
         let usual = k8s_openapi::api::core::v1::Toleration {
-            key: Some(resource),
+            key: Some(key),
             operator: Some("Exists".into()),
             effect: Some("NoSchedule".into()),
             ..Default::default()
@@ -148,16 +181,13 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                     .and_then(|a| a.get(k))
                     .and_then(|q| parse_quantity(&q.0))
             };
-            let labelled = label_memory(labels);
+            let labelled = label_memory(labels, &req.resource);
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
                 memory: req.memory.or(labelled),
                 labelled: req.memory.is_none() && labelled.is_some(),
-                product: labels
-                    .get(NVIDIA_PRODUCT)
-                    .or_else(|| labels.get(AMD_PRODUCT))
-                    .cloned(),
+                product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
                 host_memory: get("memory").unwrap_or(0),
             }
@@ -165,13 +195,19 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
         .collect()
 }
 
-/// One GPU's memory from GFD's label (MiB) or AMD's (a size such as 16G, read as GiB).
-fn label_memory(labels: &BTreeMap<String, String>) -> Option<u64> {
-    if let Some(mib) = labels
-        .get(NVIDIA_MEMORY)
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        return mib.checked_mul(1 << 20).filter(|m| *m > 0);
+/// The memory of one unit of `resource` from the node's labels: GFD's (MiB) for NVIDIA's
+/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's (a size such as
+/// 16G, read as GiB).
+fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Option<u64> {
+    let mib = |key: &str| {
+        let mib = labels.get(key)?.parse::<u64>().ok()?;
+        mib.checked_mul(1 << 20).filter(|m| *m > 0)
+    };
+    if let Some(key) = memory_label(resource) {
+        return mib(&key);
+    }
+    if let Some(m) = mib(NVIDIA_MEMORY) {
+        return Some(m);
     }
     let v = labels.get(AMD_VRAM)?;
     let v = v
@@ -179,6 +215,19 @@ fn label_memory(labels: &BTreeMap<String, String>) -> Option<u64> {
         .map(|g| format!("{g}Gi"))
         .unwrap_or_else(|| v.clone());
     parse_quantity(&v).filter(|m| *m > 0)
+}
+
+/// The GPU's model from the labels; for a MIG slice, with its profile, as GFD names MIG devices
+/// under the single strategy (`NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`).
+fn product(labels: &BTreeMap<String, String>, resource: &str) -> Option<String> {
+    let gpu = labels
+        .get(NVIDIA_PRODUCT)
+        .or_else(|| labels.get(AMD_PRODUCT))
+        .cloned();
+    match resource.strip_prefix(MIG_PREFIX) {
+        Some(profile) => Some(format!("{}-MIG-{profile}", gpu.as_deref().unwrap_or("GPU"))),
+        None => gpu,
+    }
 }
 
 /// The placement a replica runs with, and on which GPUs.
@@ -286,8 +335,9 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     classes.dedup_by_key(|c| c.memory);
     if classes.is_empty() {
         return Err(format!(
-            "no node says how much memory its GPUs have ({} have no {NVIDIA_MEMORY} or {AMD_VRAM} label); set engine.gpuMemory to one GPU's memory, such as 24Gi",
-            unknown.join(", ")
+            "no node says how much memory its GPUs have ({} have no {} label); set engine.gpuMemory to one GPU's memory, such as 24Gi",
+            unknown.join(", "),
+            memory_label(&req.resource).unwrap_or_else(|| format!("{NVIDIA_MEMORY} or {AMD_VRAM}"))
         ));
     }
     let split = vec![1.0; want as usize];
@@ -565,10 +615,59 @@ mod tests {
     #[test]
     fn gpu_memory_is_read_from_gfd_in_mib_and_from_amd_in_gib() {
         let l = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
-        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "23028")), Some(23028 << 20));
-        assert_eq!(label_memory(&l(AMD_VRAM, "16G")), Some(16 << 30));
-        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "lots")), None);
-        assert_eq!(label_memory(&BTreeMap::new()), None);
+        let nvidia = "nvidia.com/gpu";
+        assert_eq!(
+            label_memory(&l(NVIDIA_MEMORY, "23028"), nvidia),
+            Some(23028 << 20)
+        );
+        assert_eq!(
+            label_memory(&l(AMD_VRAM, "16G"), "amd.com/gpu"),
+            Some(16 << 30)
+        );
+        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "lots"), nvidia), None);
+        assert_eq!(label_memory(&BTreeMap::new(), nvidia), None);
+        // A time-sliced GPU under another name is still the whole GPU's memory.
+        let shared = "nvidia.com/gpu.shared";
+        assert_eq!(
+            label_memory(&l(NVIDIA_MEMORY, "23028"), shared),
+            Some(23028 << 20)
+        );
+    }
+
+    #[test]
+    fn a_mig_slice_is_its_profiles_memory_never_the_whole_gpus() {
+        // GFD's labels of an A100 40GB under the mixed strategy.
+        let labels = BTreeMap::from(
+            [
+                (NVIDIA_MEMORY, "40537"),
+                (NVIDIA_PRODUCT, "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/mig-1g.5gb.count", "7"),
+                ("nvidia.com/mig-1g.5gb.memory", "4864"),
+                ("nvidia.com/mig-3g.20gb.memory", "20096"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let small = "nvidia.com/mig-1g.5gb";
+        assert_eq!(label_memory(&labels, small), Some(4864 << 20));
+        assert_eq!(
+            label_memory(&labels, "nvidia.com/mig-3g.20gb"),
+            Some(20096 << 20)
+        );
+        assert_eq!(
+            product(&labels, small).as_deref(),
+            Some("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
+        );
+        // A profile the node does not label is unknown, not the whole GPU's 40 GiB.
+        assert_eq!(label_memory(&labels, "nvidia.com/mig-2g.10gb"), None);
+        assert_eq!(
+            memory_label(small).as_deref(),
+            Some("nvidia.com/mig-1g.5gb.memory")
+        );
+        assert_eq!(
+            memory_label("nvidia.com/gpu").as_deref(),
+            Some(NVIDIA_MEMORY)
+        );
+        assert_eq!(memory_label("amd.com/gpu"), None);
     }
 
     #[test]
