@@ -6,12 +6,17 @@ use crate::api::CheckStatus;
 use crate::units::human_bytes;
 
 /// Whether the scheduler's words say a GPU resource is short (`Insufficient nvidia.com/gpu`,
-/// `Insufficient amd.com/gpu`).
+/// `Insufficient amd.com/gpu`, a MIG slice's `Insufficient nvidia.com/mig-1g.10gb`, a
+/// time-sliced `Insufficient nvidia.com/gpu.shared`).
 pub(super) fn short_of_gpus(m: &str) -> bool {
     m.split("Insufficient ").skip(1).any(|rest| {
-        rest.split([',', ' '])
-            .next()
-            .is_some_and(|resource| resource.trim_end_matches('.').ends_with("/gpu"))
+        rest.split([',', ' ']).next().is_some_and(|resource| {
+            let resource = resource.trim_end_matches('.');
+            resource.ends_with("/gpu")
+                || ["nvidia.com/", "amd.com/"]
+                    .iter()
+                    .any(|vendor| resource.starts_with(vendor))
+        })
     })
 }
 
@@ -103,6 +108,12 @@ mod tests {
         ));
         assert!(short_of_gpus(
             "0/1 nodes are available: 1 Insufficient amd.com/gpu."
+        ));
+        assert!(short_of_gpus(
+            "0/3 nodes are available: 1 Insufficient nvidia.com/mig-1g.5gb, 2 node(s) didn't match Pod's node affinity/selector."
+        ));
+        assert!(short_of_gpus(
+            "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.shared."
         ));
         assert!(!short_of_gpus(
             "0/2 nodes are available: 2 Insufficient memory."
