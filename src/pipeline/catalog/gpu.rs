@@ -158,17 +158,23 @@ mod tests {
         assert!(cpu.limits.is_none());
     }
 
+    /// The one node requirement of an affinity.
+    fn requirement(a: Affinity) -> NodeSelectorRequirement {
+        let terms = a
+            .node_affinity
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let reqs = terms[0].match_expressions.clone().unwrap();
+        assert_eq!(reqs.len(), 1);
+        reqs[0].clone()
+    }
+
     #[test]
     fn replicas_go_only_to_gpus_at_least_as_large_as_the_placement_assumed() {
         let cuda = engine(serde_json::json!({"accelerator": "cuda", "gpus": 2}));
-        let a = affinity(&cuda, &placed(33, Some("1,1"), 24 << 30)).unwrap();
-        let term = &a
-            .node_affinity
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms[0];
-        let req = &term.match_expressions.as_ref().unwrap()[0];
+        let req = requirement(affinity(&cuda, &placed(33, Some("1,1"), 24 << 30)).unwrap());
         assert_eq!(
             (req.key.as_str(), req.operator.as_str(), req.values.clone()),
             (NVIDIA_MEMORY, "Gt", Some(vec!["24575".to_string()]))
@@ -182,14 +188,7 @@ mod tests {
         let mig = engine(
             serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/mig-1g.5gb"}),
         );
-        let a = affinity(&mig, &placed(33, None, 4864 << 20)).unwrap();
-        let term = &a
-            .node_affinity
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms[0];
-        let req = &term.match_expressions.as_ref().unwrap()[0];
+        let req = requirement(affinity(&mig, &placed(33, None, 4864 << 20)).unwrap());
         assert_eq!(
             (req.key.as_str(), req.values.clone()),
             (
