@@ -58,25 +58,29 @@ const TELLING_LINES: usize = 6;
 const TELLING_LINE: usize = 400;
 
 /// What a termination message says, on one line. A container's log tail (its termination
-/// message under FallbackToLogsOnError: up to 80 lines) is cut to its error lines, the last six
-/// (all of them when none says error: the last three), each without llama.cpp's time and level
-/// prefix, joined by " | ".
-pub(super) fn telling(message: &str) -> String {
-    let lines: Vec<&str> = message
+/// message under FallbackToLogsOnError: up to 80 lines) is cut to its last six error lines
+/// (llama.cpp's level E, or words that say one), or its last three lines when none is, each
+/// without llama.cpp's time and level prefix, joined by " | ".
+fn telling(message: &str) -> String {
+    let lines: Vec<(&str, bool)> = message
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (text, level) = unprefixed(l);
+            (text, level == Some("E") || says_error(text))
+        })
         .collect();
-    let errors: Vec<&str> = lines.iter().copied().filter(|l| says_error(l)).collect();
+    let errors: Vec<&str> = lines.iter().filter(|l| l.1).map(|l| l.0).collect();
     let (chosen, most) = if errors.is_empty() {
-        (lines, 3)
+        (lines.iter().map(|l| l.0).collect(), 3)
     } else {
         (errors, TELLING_LINES)
     };
     let from = chosen.len().saturating_sub(most);
     chosen[from..]
         .iter()
-        .map(|l| crate::conditions::truncate(unprefixed(l).0, TELLING_LINE))
+        .map(|l| crate::conditions::truncate(l, TELLING_LINE))
         .collect::<Vec<_>>()
         .join(" | ")
 }
@@ -97,12 +101,8 @@ fn unprefixed(line: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Whether a log line is an error: llama.cpp's level E, or words that say one.
-fn says_error(line: &str) -> bool {
-    let (text, level) = unprefixed(line);
-    if level == Some("E") {
-        return true;
-    }
+/// Whether a log line's text (without its prefix) says an error.
+fn says_error(text: &str) -> bool {
     let text = text.to_ascii_lowercase();
     [
         "error",
