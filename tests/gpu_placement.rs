@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use modelserve::api::{ModelServe, ModelServeStatus};
 use support::fake_hub::FakeHub;
-use support::{Operator, Testbed, condition, eventually, start_mirror};
+use support::{Operator, Testbed, condition, eventually, model_pod, start_mirror};
 
 /// Nodes the test makes, deleted when it ends however it ends.
 struct GpuNodes<'a> {
@@ -259,12 +259,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         );
     }
     let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
-    let pod = pods
-        .list(&ListParams::default().labels("modelserve.dev/model=first"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
+    let pod = model_pod(&pods, "first").await;
     let spec = pod.spec.clone().unwrap();
     assert_eq!(
         spec.node_name.as_deref(),
@@ -334,12 +329,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         check.devices[0].product.as_deref(),
         Some("NVIDIA-TEST-MIG-1g.5gb")
     );
-    let pod = pods
-        .list(&ListParams::default().labels("modelserve.dev/model=slice"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
+    let pod = model_pod(&pods, "slice").await;
     let spec = pod.spec.unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(mig.as_str()));
     let server = spec

@@ -18,7 +18,7 @@ use kube::api::{ListParams, PostParams};
 use modelserve::api::{ModelServe, ModelServeStatus};
 use modelserve::names::SERVER_CONTAINER;
 use support::fake_hub::{FakeHub, HubFile};
-use support::{Operator, Testbed, condition, eventually};
+use support::{Operator, Testbed, condition, eventually, model_pod};
 
 const NODE: &str = "testbed-real";
 const TAINT: &str = "modelserve.dev/real-node";
@@ -230,12 +230,7 @@ async fn served_on_node(tb: &Testbed, namespace: &str, name: &str) -> OnNode {
         .and_then(|c| c.memory_bytes)
         .expect("check.memoryBytes") as u64;
 
-    let pod = pods
-        .list(&ListParams::default().labels(&format!("modelserve.dev/model={name}")))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
+    let pod = model_pod(&pods, name).await;
     let pod_name = pod.metadata.name.clone().unwrap();
     assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
     let status = pod.status.clone().unwrap();
@@ -1136,12 +1131,7 @@ async fn a_gpu_model_whose_engine_runs_on_the_cpu_is_not_ready_and_says_why() {
     assert_eq!(ready, "False", "not Ready while it runs on the CPU");
     // The pod really had the GPU, by the scheduler's and the kubelet's count.
     let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
-    let pod = pods
-        .list(&ListParams::default().labels("modelserve.dev/model=cpuimage"))
-        .await
-        .unwrap()
-        .items
-        .remove(0);
+    let pod = model_pod(&pods, "cpuimage").await;
     assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
     let spec = pod.spec.unwrap();
     let server = spec

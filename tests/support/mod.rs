@@ -363,6 +363,20 @@ pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option
     }
 }
 
+/// The first pod of the model `model` that `pods` lists (by the label every replica carries).
+pub async fn model_pod(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    model: &str,
+) -> k8s_openapi::api::core::v1::Pod {
+    let label = format!("{}={model}", modelserve::names::MODEL_LABEL);
+    let mut list = pods
+        .list(&kube::api::ListParams::default().labels(&label))
+        .await
+        .unwrap();
+    assert!(!list.items.is_empty(), "no pod of {model}");
+    list.items.remove(0)
+}
+
 /// Removes a dropped process's log file, or keeps it and names it on stderr when the test is
 /// failing, so that the failure can be read and a passing run leaves nothing behind.
 pub fn drop_log(log: &Path) {
