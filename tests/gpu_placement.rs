@@ -85,6 +85,22 @@ fn mig_node(
 /// The resource of the MIG slices of `mig_node`.
 const MIG: &str = "nvidia.com/mig-1g.5gb";
 
+/// A kwok node whose one GPU of `mib` MiB the device plugin time-slices among `replicas` pods,
+/// advertised under its own name ([`SHARED`], renameByDefault), as GFD labels it: the
+/// replicas and the strategy under `nvidia.com/gpu`, the product without a -SHARED suffix.
+fn shared_node(name: &str, pool: &str, mib: u64, replicas: u32) -> serde_json::Value {
+    let mut node = whole_gpus(name, pool, 1, mib, 12);
+    node["metadata"]["labels"]["nvidia.com/gpu.replicas"] = replicas.to_string().into();
+    node["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] = "time-slicing".into();
+    for field in ["capacity", "allocatable"] {
+        node["status"][field][SHARED] = replicas.to_string().into();
+    }
+    node
+}
+
+/// The resource of the time-sliced shares of `shared_node`.
+const SHARED: &str = "nvidia.com/gpu.shared";
+
 /// A kwok node with GFD's labels of `gpus` GPUs of `mib` MiB, and no GPU resource yet.
 fn whole_gpus(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
     serde_json::json!({
@@ -168,6 +184,44 @@ async fn until(
     }
 }
 
+/// A one-GPU model `name` of `pool` asking for `resource`, once Placed: it must be on `node`
+/// alone, asking for one of `resource` and tolerating the usual GPU taint. Its status.check and
+/// pod affinity (as JSON), printed.
+async fn alone(
+    api: &Api<ModelServe>,
+    pods: &Api<Pod>,
+    (name, pool): (&str, &str),
+    (resource, node): (&str, &str),
+) -> (modelserve::api::CheckStatus, String) {
+    let mut spec = gpu_model(pool, 1);
+    spec["engine"]["gpuResource"] = resource.into();
+    let ms = ModelServe::new(name, serde_json::from_value(spec).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(api, name, "Placed", ("True", "Placed"), 240).await;
+    let (_, _, checked) = condition(&s, "Checked");
+    println!("gpu: {name}: Checked: {checked}");
+    let pod = model_pod(pods, name).await;
+    let spec = pod.spec.unwrap();
+    assert_eq!(spec.node_name.as_deref(), Some(node), "{checked}");
+    let server = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "llama-server")
+        .unwrap();
+    let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits.get(resource).map(|q| q.0.as_str()), Some("1"));
+    assert!(
+        spec.tolerations
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key.as_deref() == Some("nvidia.com/gpu")),
+        "the usual GPU taint is tolerated"
+    );
+    let affinity = serde_json::to_string(&spec.affinity).unwrap();
+    println!("gpu: {name} placed on {node} with {resource} 1 and affinity {affinity}");
+    (s.check.expect("status.check"), affinity)
+}
+
 #[tokio::test]
 async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_and_failures_name_the_gpus()
  {
@@ -175,12 +229,13 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     tb.install_crd();
     remove_orphans(&tb);
     let pool = format!("kwok-gpu-{}", std::process::id());
-    let (one, two, spare, spare_too, mig) = (
+    let (one, two, spare, spare_too, mig, shared) = (
         format!("{pool}-one-small"),
         format!("{pool}-two-large"),
         format!("{pool}-spare"),
         format!("{pool}-spare-too"),
         format!("{pool}-mig"),
+        format!("{pool}-shared"),
     );
     let nodes = GpuNodes {
         tb: &tb,
@@ -190,14 +245,17 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
             spare.clone(),
             spare_too.clone(),
             mig.clone(),
+            shared.clone(),
         ],
     };
-    // One GPU of 512 MiB cut into two slices of 64 MiB.
-    let applied = tb.kubectl_stdin(
-        &["apply", "-f", "-"],
-        &mig_node(&mig, &pool, (1, 512), (2, 64)).to_string(),
-    );
-    assert!(applied.status.success(), "{applied:?}");
+    // One GPU of 512 MiB cut into two slices of 64 MiB, and one time-sliced four ways.
+    for node in [
+        mig_node(&mig, &pool, (1, 512), (2, 64)),
+        shared_node(&shared, &pool, 512, 4),
+    ] {
+        let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
+        assert!(applied.status.success(), "{applied:?}");
+    }
     let sizes = [
         (&one, 1, 8),
         (&two, 2, 512),
@@ -316,35 +374,26 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
 
     // A MIG slice: placed by its profile's memory, never the whole GPU's, on the node that has
     // slices, asking for one.
-    let mut spec = gpu_model(&pool, 1);
-    spec["engine"]["gpuResource"] = MIG.into();
-    let ms = ModelServe::new("slice", serde_json::from_value(spec).unwrap());
-    api.create(&PostParams::default(), &ms).await.unwrap();
-    let s = until(&api, "slice", "Placed", ("True", "Placed"), 240).await;
-    let check = s.check.clone().expect("status.check");
-    let (_, _, checked) = condition(&s, "Checked");
-    println!("gpu: slice: Checked: {checked}");
-    assert_eq!(check.gpu_memory_bytes, Some(64 << 20), "{checked}");
+    let (check, affinity) = alone(&api, &pods, ("slice", &pool), (MIG, &mig)).await;
+    assert_eq!(check.gpu_memory_bytes, Some(64 << 20));
     assert_eq!(
         check.devices[0].product.as_deref(),
         Some("NVIDIA-TEST-MIG-1g.5gb")
     );
-    let pod = model_pod(&pods, "slice").await;
-    let spec = pod.spec.unwrap();
-    assert_eq!(spec.node_name.as_deref(), Some(mig.as_str()));
-    let server = spec
-        .containers
-        .iter()
-        .find(|c| c.name == "llama-server")
-        .unwrap();
-    let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
-    assert_eq!(limits.get(MIG).map(|q| q.0.as_str()), Some("1"));
-    let affinity = serde_json::to_string(&spec.affinity).unwrap();
     assert!(
         affinity.contains("nvidia.com/mig-1g.5gb.memory") && affinity.contains("\"63\""),
         "{affinity}"
     );
-    println!("gpu: slice placed on {mig} with {MIG} 1 and affinity {affinity}");
+
+    // A GPU time-sliced four ways: a replica plans on a quarter of it, and goes only where a
+    // GPU shared that way is at least four times that.
+    let (check, affinity) = alone(&api, &pods, ("quarter", &pool), (SHARED, &shared)).await;
+    assert_eq!(check.gpu_memory_bytes, Some(128 << 20));
+    assert_eq!(check.gpu_shared_by, [4]);
+    assert!(
+        affinity.contains("\"nvidia.com/gpu.replicas\"") && affinity.contains("\"511\""),
+        "{affinity}"
+    );
 
     // An engine whose CUDA is newer than the node's driver, as a kwok fault plays it.
     let (m, _) = faulted(

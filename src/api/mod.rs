@@ -233,7 +233,7 @@ pub struct EngineSpec {
     /// How the model is split over several GPUs (llama.cpp --split-mode): layer (default), row or none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_mode: Option<SplitMode>,
-    /// The extended resource the GPUs are requested as; default from the accelerator: nvidia.com/gpu for cuda and vulkan, amd.com/gpu for rocm. A MIG slice of the device plugin's mixed strategy, such as nvidia.com/mig-1g.10gb, is placed by its own memory label (nvidia.com/mig-1g.10gb.memory), never the whole GPU's.
+    /// The extended resource the GPUs are requested as; default from the accelerator: nvidia.com/gpu for cuda and vulkan, amd.com/gpu for rocm. A MIG slice of the device plugin's mixed strategy, such as nvidia.com/mig-1g.10gb, is placed by its own memory label (nvidia.com/mig-1g.10gb.memory), never the whole GPU's. A GPU the device plugin shares among N pods (time-slicing or MPS, GFD's replicas label), under nvidia.com/gpu or its own name such as nvidia.com/gpu.shared, gives a replica a Nth of its memory, as MPS limits each pod to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 253),
@@ -242,7 +242,7 @@ pub struct EngineSpec {
         )
     )]
     pub gpu_resource: Option<String>,
-    /// Memory of one GPU, such as 24Gi, for nodes whose labels do not say (nvidia.com/gpu.memory from GPU Feature Discovery, amd.com/gpu.vram); it also replaces what they say.
+    /// Memory of one GPU, such as 24Gi, for nodes whose labels do not say (nvidia.com/gpu.memory from GPU Feature Discovery, amd.com/gpu.vram); it also replaces what they say. On GPUs shared among pods, the memory one replica may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = 32),

@@ -165,6 +165,9 @@ pub struct CheckStatus {
     /// The memory of one GPU the placement assumes; replicas go only to nodes whose GPUs have at least this much.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory_bytes: Option<i64>,
+    /// How many pods share each GPU (the device plugin's time-slicing or MPS, GFD's replicas label) on the nodes the placement holds on, each count once; 1 for GPUs not shared. gpuMemoryBytes is a GPU's memory divided by it, and replicas go only to nodes whose GPUs give each pod at least that.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_shared_by: Vec<i32>,
     /// With a GPU accelerator: what each GPU of a replica holds, by llama.cpp's placement rules. memoryBytes is then the host part alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceStatus>,

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
-use crate::pipeline::check::gpu::memory_label;
+use crate::pipeline::check::gpu::{MOST_SHARED_BY, memory_label, sharing_label};
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
 /// off because the operator decided them. The flag is known from this build (the newest read
@@ -52,27 +52,65 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
     args
 }
 
-/// Node affinity to GPUs with at least the memory the placement assumed, when that came from
-/// GPU Feature Discovery's label (a number of MiB the scheduler can compare): the whole GPU's, or
-/// a MIG profile's own for a MIG resource.
+/// Node affinity to GPUs that give a replica at least the memory the placement assumed, when
+/// that came from GPU Feature Discovery's label (a number of MiB the scheduler can compare): the
+/// whole GPU's, or a MIG profile's own for a MIG resource. A GPU shared by N pods (time-slicing
+/// or MPS) gives each a Nth, which the scheduler cannot divide: one term per sharing count the
+/// Check stage planned over, each asking N times the memory of a GPU shared that way, and GPUs
+/// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
     if engine.gpu_memory.is_some() {
         return None;
     }
-    let key = memory_label(&engine.gpu_resource()?)?;
-    let mib = memory / (1 << 20);
+    let resource = engine.gpu_resource()?;
+    let key = memory_label(&resource)?;
+    let shared = sharing_label(&resource)?;
+    let mut by: Vec<u64> = check
+        .gpu_shared_by
+        .iter()
+        .map(|n| (*n).clamp(1, MOST_SHARED_BY as i32) as u64)
+        .collect();
+    if by.is_empty() {
+        // A check made before sharing was read: it planned on unshared GPUs.
+        by.push(1);
+    }
+    by.sort_unstable();
+    by.dedup();
+    let term = |by: u64, sharing: NodeSelectorRequirement| {
+        let mib = memory.saturating_mul(by).div_ceil(1 << 20);
+        NodeSelectorTerm {
+            match_expressions: Some(vec![
+                NodeSelectorRequirement {
+                    key: key.clone(),
+                    operator: "Gt".into(),
+                    values: Some(vec![mib.saturating_sub(1).to_string()]),
+                },
+                sharing,
+            ]),
+            ..Default::default()
+        }
+    };
+    let sharing = |operator: &str, values: Option<Vec<String>>| NodeSelectorRequirement {
+        key: shared.clone(),
+        operator: operator.into(),
+        values,
+    };
+    let mut terms = Vec::new();
+    for n in by {
+        if n == 1 {
+            // GFD labels 1 when the plugin shares nothing, 0 when sharing is off; older ones
+            // no label at all.
+            terms.push(term(1, sharing("DoesNotExist", None)));
+            terms.push(term(1, sharing("In", Some(vec!["0".into(), "1".into()]))));
+        } else {
+            terms.push(term(n, sharing("In", Some(vec![n.to_string()]))));
+        }
+    }
     Some(Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key,
-                        operator: "Gt".into(),
-                        values: Some(vec![mib.saturating_sub(1).to_string()]),
-                    }]),
-                    ..Default::default()
-                }],
+                node_selector_terms: terms,
             }),
             ..Default::default()
         }),
@@ -158,43 +196,97 @@ mod tests {
         assert!(cpu.limits.is_none());
     }
 
-    /// The one node requirement of an affinity.
-    fn requirement(a: Affinity) -> NodeSelectorRequirement {
-        let terms = a
-            .node_affinity
+    /// Each term of an affinity, as (memory key, Gt value, sharing operator, sharing values).
+    fn terms(a: Affinity) -> Vec<(String, String, String, Vec<String>)> {
+        a.node_affinity
             .and_then(|n| n.required_during_scheduling_ignored_during_execution)
             .unwrap()
-            .node_selector_terms;
-        assert_eq!(terms.len(), 1);
-        let reqs = terms[0].match_expressions.clone().unwrap();
-        assert_eq!(reqs.len(), 1);
-        reqs[0].clone()
+            .node_selector_terms
+            .into_iter()
+            .map(|t| {
+                let [memory, sharing]: [NodeSelectorRequirement; 2] =
+                    t.match_expressions.unwrap().try_into().unwrap();
+                assert_eq!(memory.operator, "Gt");
+                (
+                    memory.key,
+                    memory.values.unwrap().concat(),
+                    sharing.operator,
+                    sharing.values.unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// The terms of GPUs not shared, for a memory key and its least MiB.
+    fn unshared(key: &str, gt: &str) -> Vec<(String, String, String, Vec<String>)> {
+        vec![
+            (key.into(), gt.into(), "DoesNotExist".into(), vec![]),
+            (
+                key.into(),
+                gt.into(),
+                "In".into(),
+                vec!["0".into(), "1".into()],
+            ),
+        ]
     }
 
     #[test]
     fn replicas_go_only_to_gpus_at_least_as_large_as_the_placement_assumed() {
         let cuda = engine(serde_json::json!({"accelerator": "cuda", "gpus": 2}));
-        let req = requirement(affinity(&cuda, &placed(33, Some("1,1"), 24 << 30)).unwrap());
-        assert_eq!(
-            (req.key.as_str(), req.operator.as_str(), req.values.clone()),
-            (NVIDIA_MEMORY, "Gt", Some(vec!["24575".to_string()]))
+        let a = affinity(&cuda, &placed(33, Some("1,1"), 24 << 30)).unwrap();
+        assert_eq!(terms(a.clone()), unshared(NVIDIA_MEMORY, "24575"));
+        let replicas = serde_json::to_string(&a).unwrap();
+        assert!(
+            replicas.contains("\"nvidia.com/gpu.replicas\""),
+            "{replicas}"
         );
         // A memory the spec set, or AMD's label, is no number the scheduler can compare.
         let set = engine(serde_json::json!({"accelerator": "cuda", "gpuMemory": "24Gi"}));
         assert!(affinity(&set, &placed(33, None, 24 << 30)).is_none());
         let amd = engine(serde_json::json!({"accelerator": "rocm"}));
         assert!(affinity(&amd, &placed(33, None, 24 << 30)).is_none());
-        // A MIG slice: its profile's own label.
+        // A MIG slice: its profile's own labels.
         let mig = engine(
             serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/mig-1g.5gb"}),
         );
-        let req = requirement(affinity(&mig, &placed(33, None, 4864 << 20)).unwrap());
+        let a = affinity(&mig, &placed(33, None, 4864 << 20)).unwrap();
         assert_eq!(
-            (req.key.as_str(), req.values.clone()),
-            (
-                "nvidia.com/mig-1g.5gb.memory",
-                Some(vec!["4863".to_string()])
-            )
+            terms(a.clone()),
+            unshared("nvidia.com/mig-1g.5gb.memory", "4863")
+        );
+        assert!(
+            serde_json::to_string(&a)
+                .unwrap()
+                .contains("nvidia.com/mig-1g.5gb.replicas")
+        );
+    }
+
+    #[test]
+    fn a_shared_gpu_must_give_each_pod_the_memory_planned() {
+        // Planned on 6 GiB: a quarter of a 24 GiB GPU shared four ways, or a whole GPU of 6 GiB
+        // or more.
+        let shared = engine(serde_json::json!({"accelerator": "cuda"}));
+        let mut c = placed(33, None, 6 << 30);
+        c.gpu_shared_by = vec![4, 1];
+        let mut want = unshared(NVIDIA_MEMORY, "6143");
+        want.push((
+            NVIDIA_MEMORY.into(),
+            "24575".into(),
+            "In".into(),
+            vec!["4".into()],
+        ));
+        assert_eq!(terms(affinity(&shared, &c).unwrap()), want);
+        // A share that is no whole MiB asks for the MiB above it: 7 ways of 1000 MiB.
+        let mut c = placed(33, None, (1000 << 20) / 7);
+        c.gpu_shared_by = vec![7];
+        assert_eq!(
+            terms(affinity(&shared, &c).unwrap()),
+            [(
+                NVIDIA_MEMORY.into(),
+                "999".into(),
+                "In".into(),
+                vec!["7".into()]
+            )]
         );
     }
 }

@@ -14,10 +14,9 @@ use crate::units::{human_bytes, parse_quantity};
 
 mod nodes;
 
-use nodes::MIG_PREFIX;
 pub use nodes::{
-    AMD_PRODUCT, AMD_VRAM, NVIDIA_DRIVER_MAJOR, NVIDIA_MEMORY, NVIDIA_PRODUCT, NodeGpus,
-    memory_label, node_gpus,
+    AMD_PRODUCT, AMD_VRAM, MOST_SHARED_BY, NVIDIA_DRIVER_MAJOR, NVIDIA_MEMORY, NVIDIA_PRODUCT,
+    NodeGpus, memory_label, node_gpus, sharing_label,
 };
 
 /// What the GPU part of a check is for, from the spec and the operator's settings.
@@ -86,8 +85,8 @@ impl Request {
 
 /// The replicas' tolerations: the spec's, and with a GPU accelerator one for the usual taint
 /// of GPU nodes (the resource's name, any value, NoSchedule), which the NVIDIA and AMD device
-/// plugins' guides put on them; for a MIG slice also `nvidia.com/gpu`'s, as its node is an
-/// NVIDIA GPU node. The Check stage considers the nodes these tolerate.
+/// plugins' guides put on them; for another NVIDIA resource (a MIG slice, time-sliced shares
+/// under their own name) also `nvidia.com/gpu`'s, as its node is an NVIDIA GPU node. The Check stage considers the nodes these tolerate.
 pub fn tolerations(engine: &EngineSpec) -> Vec<k8s_openapi::api::core::v1::Toleration> {
     let mut all = engine.tolerations.clone();
     let Some(resource) = engine
@@ -97,7 +96,7 @@ pub fn tolerations(engine: &EngineSpec) -> Vec<k8s_openapi::api::core::v1::Toler
         return all;
     };
     let mut keys = vec![resource.clone()];
-    if resource.starts_with(MIG_PREFIX) {
+    if resource.starts_with("nvidia.com/") && resource != "nvidia.com/gpu" {
         keys.push("nvidia.com/gpu".into());
     }
     for key in keys {
@@ -138,6 +137,9 @@ pub struct Plan {
     pub labelled: bool,
     pub product: Option<String>,
     pub nodes: Vec<String>,
+    /// How many pods share each GPU (time-slicing or MPS) on those nodes, each count once: the
+    /// memory a replica plans on is a GPU's divided by it.
+    pub shared_by: Vec<u32>,
     pub message: String,
 }
 
@@ -282,12 +284,21 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             human_bytes(classes.last().map_or(0, |c| c.memory))
         ));
     }
-    let nodes: Vec<String> = usable
+    let chosen: Vec<&NodeGpus> = usable
         .iter()
+        .copied()
         .filter(|n| n.memory.is_some_and(|m| m >= class.memory))
-        .map(|n| n.node.clone())
         .collect();
+    let mut shared_by: Vec<u32> = chosen.iter().map(|n| n.shared_by).collect();
+    shared_by.sort_unstable();
+    shared_by.dedup();
     let mut message = message;
+    if let Some(most) = shared_by.last().filter(|by| **by > 1) {
+        message = format!(
+            "{message}; GPUs shared by up to {most} pods ({}) count only a pod's share of their memory",
+            sharing_label(&req.resource).unwrap_or_default()
+        );
+    }
     if !unknown.is_empty() {
         message = format!(
             "{message}; nodes whose GPU memory is not labelled are left out ({}): set engine.gpuMemory to count them",
@@ -299,7 +310,8 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         memory: class.memory,
         labelled: class.labelled,
         product: class.product.clone(),
-        nodes,
+        nodes: chosen.iter().map(|n| n.node.clone()).collect(),
+        shared_by,
         message,
     })
 }
@@ -380,6 +392,7 @@ mod tests {
             node: name.into(),
             count,
             memory,
+            shared_by: 1,
             labelled: memory.is_some(),
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
@@ -423,6 +436,40 @@ mod tests {
         assert!(!one.placement.full());
         assert!(one.placement.ngl > 0, "{}", one.message);
         assert!(one.message.contains("of 33 layers"), "{}", one.message);
+    }
+
+    #[test]
+    fn a_shared_gpu_is_planned_on_one_pods_share_and_tolerated_under_its_own_name() {
+        let mut shared = node("shared", 2, Some(12 * GIB), Some(12));
+        shared.shared_by = 2;
+        let small = node("small", 1, Some(8 * GIB), Some(12));
+        let nodes = [small, shared];
+        // About 10 GiB of weights: only the 12 GiB share (half of a 24 GiB GPU) holds them.
+        let big = model(16, 6 * GIB / 10);
+        let p = plan(&big, &flags(), &nodes, &request(1)).unwrap();
+        assert!(p.placement.full(), "{}", p.message);
+        assert_eq!(
+            (p.memory, p.nodes.clone(), p.shared_by.clone()),
+            (12 * GIB, vec!["shared".to_string()], vec![2])
+        );
+        assert!(
+            p.message
+                .contains("shared by up to 2 pods (nvidia.com/gpu.replicas)"),
+            "{}",
+            p.message
+        );
+        // A model the 8 GiB GPU holds may go to either, and each count is planned on.
+        let p = plan(&model(8, GIB / 4), &flags(), &nodes, &request(1)).unwrap();
+        assert_eq!((p.memory, p.shared_by), (8 * GIB, vec![1, 2]));
+        let engine: EngineSpec = serde_json::from_value(
+            serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/gpu.shared"}),
+        )
+        .unwrap();
+        let keys: Vec<_> = tolerations(&engine)
+            .into_iter()
+            .filter_map(|t| t.key)
+            .collect();
+        assert_eq!(keys, ["nvidia.com/gpu.shared", "nvidia.com/gpu"]);
     }
 
     #[test]

@@ -181,8 +181,12 @@ pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
                 .nodes
                 .iter()
                 .map(|n| {
+                    let shared = match n.shared_by {
+                        1 => String::new(),
+                        by => format!(":/{by}"),
+                    };
                     format!(
-                        "{}:{}:{:?}:{:?}:{}",
+                        "{}:{}:{:?}:{:?}:{}{shared}",
                         n.node, n.count, n.memory, n.driver_major, n.host_memory
                     )
                 })
@@ -276,6 +280,7 @@ pub async fn inspect(
             status.tensor_split =
                 (plan.placement.devices.len() > 1).then(|| plan.placement.tensor_split_arg());
             status.gpu_memory_bytes = Some(i(plan.memory));
+            status.gpu_shared_by = plan.shared_by.iter().map(|n| *n as i32).collect();
             status.devices = plan.devices();
             status.basis = Some(plan.message.clone());
         }

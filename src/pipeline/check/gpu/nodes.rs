@@ -1,7 +1,7 @@
 //! What the nodes have for GPUs, read from the API: allocatable GPUs of the resource, each GPU's
 //! memory and model from GPU Feature Discovery's labels (a MIG slice's own under the mixed
-//! strategy; AMD's node labeller for ROCm), the CUDA driver's major version, and allocatable host
-//! memory.
+//! strategy; AMD's node labeller for ROCm), how many pods share each GPU (time-slicing or MPS),
+//! the CUDA driver's major version, and allocatable host memory.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +24,10 @@ pub const AMD_PRODUCT: &str = "amd.com/gpu.product-name";
 /// GPU's `nvidia.com/gpu.memory`.
 pub(super) const MIG_PREFIX: &str = "nvidia.com/mig-";
 
+/// Most pods that may share one GPU: with a larger (or unreadable) replicas label, a GPU's share
+/// is unknown, as if its memory were not labelled.
+pub const MOST_SHARED_BY: u32 = 1024;
+
 /// The node label that holds, in MiB, the memory of one unit of `resource`, which node affinity
 /// can compare: a MIG profile's own (`nvidia.com/mig-1g.10gb.memory`), else GFD's whole GPU's for
 /// NVIDIA's resources (`nvidia.com/gpu`, or a time-sliced `nvidia.com/gpu.shared`); None for
@@ -38,14 +42,27 @@ pub fn memory_label(resource: &str) -> Option<String> {
     }
 }
 
+/// The node label that says how many pods share one unit of `resource` under the device plugin's
+/// time-slicing or MPS (GFD's `replicas`: 0 or 1 when not shared): keyed like the memory label,
+/// by the resource the plugin replicates (`nvidia.com/gpu` also when it advertises the shares as
+/// `nvidia.com/gpu.shared`). None for others.
+pub fn sharing_label(resource: &str) -> Option<String> {
+    let memory = memory_label(resource)?;
+    Some(format!("{}.replicas", memory.strip_suffix(".memory")?))
+}
+
 /// One node's GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeGpus {
     pub node: String,
     /// Allocatable GPUs of the resource.
     pub count: u32,
-    /// One GPU's memory, from the labels or engine.gpuMemory.
+    /// The memory one unit of the resource may use, from the labels or engine.gpuMemory: a GPU
+    /// shared by `shared_by` pods counts its part, as MPS limits each one to (time-slicing
+    /// does not, but then the pods that share it all fit).
     pub memory: Option<u64>,
+    /// How many pods share each GPU (time-slicing or MPS); 1 when not shared.
+    pub shared_by: u32,
     /// Whether `memory` came from the node's own label (node affinity can select on it).
     pub labelled: bool,
     pub product: Option<String>,
@@ -67,11 +84,15 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                     .and_then(|a| a.get(k))
                     .and_then(|q| parse_quantity(&q.0))
             };
-            let labelled = label_memory(labels, &req.resource);
+            let shared_by = shared_by(labels, &req.resource);
+            let labelled = label_memory(labels, &req.resource)
+                .zip(shared_by)
+                .map(|(m, by)| m / u64::from(by));
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
                 memory: req.memory.or(labelled),
+                shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_some(),
                 product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
@@ -79,6 +100,18 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
             }
         })
         .collect()
+}
+
+/// How many pods share each unit of `resource` on the node: 1 without the label (or with GFD's 0
+/// when sharing is off), None when the label is not a count up to [`MOST_SHARED_BY`].
+fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Option<u32> {
+    let Some(v) = sharing_label(resource).and_then(|key| labels.get(&key)) else {
+        return Some(1);
+    };
+    match v.parse::<u32>().ok()? {
+        0 => Some(1),
+        n => Some(n).filter(|n| *n <= MOST_SHARED_BY),
+    }
 }
 
 /// The memory of one unit of `resource` from the node's labels: GFD's (MiB) for NVIDIA's
@@ -176,5 +209,99 @@ mod tests {
             Some(NVIDIA_MEMORY)
         );
         assert_eq!(memory_label("amd.com/gpu"), None);
+    }
+
+    /// A node with GFD's labels of one 24 GiB GPU and `extra` labels, allocating `resource`.
+    fn node(resource: &str, count: u32, extra: &[(&str, &str)]) -> Arc<Node> {
+        let mut labels = serde_json::json!({
+            NVIDIA_MEMORY: "24576",
+            NVIDIA_PRODUCT: "NVIDIA-L4",
+        });
+        for (k, v) in extra {
+            labels[*k] = (*v).into();
+        }
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": labels},
+                "status": {"allocatable": {resource: count.to_string(), "memory": "64Gi"}},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn request(resource: &str, memory: Option<u64>) -> Request {
+        Request {
+            accelerator: crate::api::Accelerator::Cuda,
+            gpus: 1,
+            resource: resource.into(),
+            layers: None,
+            split_mode: Default::default(),
+            memory,
+            margin: 1 << 30,
+            cuda_major: None,
+        }
+    }
+
+    #[test]
+    fn a_gpu_shared_by_pods_counts_one_pods_share_of_its_memory() {
+        let gpu = "nvidia.com/gpu";
+        let names = ["n".to_string()];
+        let one = |n: Arc<Node>, r: &Request| node_gpus(&[n], &names, r).remove(0);
+        // Time-slicing four ways, as GFD labels it: four units of the resource, each a quarter.
+        let sliced = [
+            ("nvidia.com/gpu.replicas", "4"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+        ];
+        let n = one(node(gpu, 4, &sliced), &request(gpu, None));
+        assert_eq!((n.count, n.memory, n.shared_by), (4, Some(6 << 30), 4));
+        assert!(n.labelled);
+        // The same shares under their own name keep the labels of nvidia.com/gpu.
+        let renamed = "nvidia.com/gpu.shared";
+        let n = one(node(renamed, 4, &sliced), &request(renamed, None));
+        assert_eq!((n.count, n.memory, n.shared_by), (4, Some(6 << 30), 4));
+        // Not shared: GFD's 1, or 0 when sharing is off, or no label at all.
+        for replicas in [
+            &[("nvidia.com/gpu.replicas", "1")][..],
+            &[("nvidia.com/gpu.replicas", "0")],
+            &[],
+        ] {
+            let n = one(node(gpu, 1, replicas), &request(gpu, None));
+            assert_eq!((n.memory, n.shared_by), (Some(24 << 30), 1), "{replicas:?}");
+        }
+        // A replicas label that is no count leaves the share unknown, as an unlabelled GPU.
+        for bad in ["many", "-2", "100000"] {
+            let n = one(
+                node(gpu, 4, &[("nvidia.com/gpu.replicas", bad)]),
+                &request(gpu, None),
+            );
+            assert_eq!(n.memory, None, "{bad}");
+        }
+        // engine.gpuMemory is what a replica may use, as the spec says it.
+        let n = one(node(gpu, 4, &sliced), &request(gpu, Some(10 << 30)));
+        assert_eq!((n.memory, n.labelled), (Some(10 << 30), false));
+        // A MIG slice shared by two: its profile's replicas label.
+        let mig = "nvidia.com/mig-1g.5gb";
+        let n = one(
+            node(
+                mig,
+                14,
+                &[
+                    ("nvidia.com/mig-1g.5gb.memory", "4864"),
+                    ("nvidia.com/mig-1g.5gb.replicas", "2"),
+                    ("nvidia.com/gpu.replicas", "8"),
+                ],
+            ),
+            &request(mig, None),
+        );
+        assert_eq!((n.memory, n.shared_by), (Some(2432 << 20), 2));
+        assert_eq!(
+            sharing_label(mig).as_deref(),
+            Some("nvidia.com/mig-1g.5gb.replicas")
+        );
+        assert_eq!(
+            sharing_label(renamed).as_deref(),
+            Some("nvidia.com/gpu.replicas")
+        );
+        assert_eq!(sharing_label("amd.com/gpu"), None);
     }
 }
