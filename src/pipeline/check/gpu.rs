@@ -188,7 +188,27 @@ struct Class {
 /// Decides the placement over the nodes' GPUs, or says why no node can take the model.
 pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<Plan, String> {
     let want = req.gpus;
-    let enough: Vec<&NodeGpus> = nodes.iter().filter(|n| n.count >= want).collect();
+    // Shares of one GPU are no GPUs apart: with time-slicing two shares may be one GPU, and MPS
+    // refuses a pod more than one.
+    let one_each = |n: &&NodeGpus| want == 1 || n.shared_by == 1;
+    let shared = nodes
+        .iter()
+        .filter(|n| n.count >= want && !one_each(n))
+        .max_by_key(|n| n.shared_by);
+    let enough: Vec<&NodeGpus> = nodes
+        .iter()
+        .filter(|n| n.count >= want)
+        .filter(one_each)
+        .collect();
+    if let (true, Some(n)) = (enough.is_empty(), shared) {
+        return Err(format!(
+            "a replica asks for {want} {} and the nodes that have that many share each GPU among pods ({}: {}={}): a pod gets at most one share of a GPU (time-slicing may give it two shares of one GPU, and MPS refuses more than one); set engine.gpus to 1 or use unshared GPUs",
+            req.resource,
+            n.node,
+            sharing_label(&req.resource).unwrap_or_default(),
+            n.shared_by
+        ));
+    }
     if enough.is_empty() {
         let most = nodes.iter().max_by_key(|n| n.count);
         return Err(match most {
@@ -465,6 +485,12 @@ mod tests {
             serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/gpu.shared"}),
         )
         .unwrap();
+        // A replica of two GPUs is no place for shares of one.
+        let e = plan(&big, &flags(), &nodes, &request(2)).unwrap_err();
+        assert!(
+            e.contains("(shared: nvidia.com/gpu.replicas=2)") && e.contains("engine.gpus to 1"),
+            "{e}"
+        );
         let keys: Vec<_> = tolerations(&engine)
             .into_iter()
             .filter_map(|t| t.key)
