@@ -371,6 +371,11 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     let (_, _, m) = condition(&s, "Placed");
     println!("gpu: second: Placed False InsufficientGPU: {m}");
     assert!(m.contains("Insufficient nvidia.com/gpu"), "{m}");
+    // And who holds them: the first model's pod, in this namespace.
+    assert!(
+        m.contains(&format!("{two}: 2 of 2 requested (2 by first-")),
+        "{m}"
+    );
 
     // A MIG slice: placed by its profile's memory, never the whole GPU's, on the node that has
     // slices, asking for one.

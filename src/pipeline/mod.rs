@@ -177,7 +177,7 @@ async fn run_stage(
             None => not_resolved(),
         },
         Stage::Catalog => catalog::run(env, ms, status).await,
-        Stage::Place => place::run(env, ms, status),
+        Stage::Place => place::run(env, ms, status).await,
         Stage::SmokeTest => smoke::run(env, ms, status).await,
     }
 }

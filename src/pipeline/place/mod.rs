@@ -9,6 +9,7 @@
 pub mod describe;
 pub mod failing;
 mod gpu;
+pub mod holders;
 pub mod observe;
 #[cfg(test)]
 mod testing;
@@ -226,7 +227,7 @@ fn refused(observed: &Observed, pods: &[k8s_openapi::api::core::v1::Pod]) -> Opt
 const MESSAGE_LIMIT: usize = 1024;
 
 /// Runs the stage.
-pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
+pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome {
     let name = ms.name_any();
     let namespace = ms.namespace().unwrap_or_else(|| "default".into());
     status.endpoint = Some(endpoint(&name, &namespace));
@@ -249,7 +250,26 @@ pub fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> Outcome
     status.replicas = d.replicas;
     status.ready_replicas = d.ready_replicas;
     status.placement = d.placement;
-    d.outcome
+    match d.outcome {
+        // Short of GPUs: who holds those the replica may use, read from the API only then.
+        Outcome::Failed {
+            reason,
+            message,
+            recovery,
+        } if reason == <&str>::from(&PlaceFailure::InsufficientGpu(String::new())) => {
+            let engine = ms.spec.engine.clone().unwrap_or_default();
+            let held = holders::tell(env, &engine, &namespace, status.check.as_ref()).await;
+            Outcome::Failed {
+                reason,
+                message: match held {
+                    Some(h) => format!("{message}; {h}"),
+                    None => message,
+                },
+                recovery,
+            }
+        }
+        outcome => outcome,
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,254 @@
+//! Who holds the GPUs a replica waits for. When the scheduler says a GPU replica lacks GPUs, the
+//! Place stage reads the pods on the nodes the replica may use (those the Check stage would
+//! place it on: selector, taints, enough GPUs of the resource, each at least the memory planned)
+//! and says how many GPUs are requested there, and by which pods of the model's own namespace;
+//! pods of other namespaces are counted, never named, so one tenant does not learn another's.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+
+use crate::api::{CheckStatus, EngineSpec};
+use crate::pipeline::check::{fit, gpu};
+use crate::pipeline::env::Env;
+use crate::units::parse_quantity;
+
+/// The most nodes whose pods are read for one model: beyond these, the message says how many
+/// more there are.
+const MOST_NODES: usize = 8;
+/// The most pods named per node.
+const MOST_NAMED: usize = 3;
+/// The most pods read on one node (the kubelet's default is 110).
+const MOST_PODS: u32 = 500;
+
+/// A node the replica may use: its name and allocatable GPUs of the resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usable {
+    pub node: String,
+    pub gpus: u32,
+}
+
+/// The nodes a replica of `engine` may use, by the placement in `check`, in name order.
+pub fn usable(env: &Env, engine: &EngineSpec, check: Option<&CheckStatus>) -> Vec<Usable> {
+    let image = engine
+        .image
+        .as_deref()
+        .unwrap_or(env.settings.engine_image_for(engine.accelerator()));
+    let Ok(Some(req)) = gpu::Request::of(engine, image, env.settings.gpu_headroom) else {
+        return Vec::new();
+    };
+    let nodes = env.cache.nodes();
+    let names: Vec<String> =
+        fit::candidates(&nodes, &engine.node_selector, &gpu::tolerations(engine))
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+    let planned = check
+        .and_then(|c| c.gpu_memory_bytes)
+        .map_or(0, |m| m.max(0) as u64);
+    let mut usable: Vec<Usable> = gpu::node_gpus(&nodes, &names, &req)
+        .into_iter()
+        .filter(|n| n.count >= req.gpus && (req.gpus == 1 || n.shared_by == 1))
+        .filter(|n| n.memory.is_none_or(|m| m >= planned))
+        .map(|n| Usable {
+            node: n.node,
+            gpus: n.count,
+        })
+        .collect();
+    usable.sort_by(|a, b| a.node.cmp(&b.node));
+    usable
+}
+
+/// The GPUs of `resource` a pod requests, as the scheduler counts them: the larger of its
+/// containers' sum and its largest init container (a limit stands for a missing request).
+pub fn requested(spec: &PodSpec, resource: &str) -> u64 {
+    let of = |c: &Container| {
+        let r = c.resources.as_ref();
+        let get = |m: Option<&BTreeMap<String, Quantity>>| {
+            m.and_then(|m| m.get(resource))
+                .and_then(|q| parse_quantity(&q.0))
+        };
+        get(r.and_then(|r| r.requests.as_ref()))
+            .or_else(|| get(r.and_then(|r| r.limits.as_ref())))
+            .unwrap_or(0)
+    };
+    let sum = spec
+        .containers
+        .iter()
+        .fold(0u64, |a, c| a.saturating_add(of(c)));
+    let init = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(of)
+        .max()
+        .unwrap_or(0);
+    sum.max(init)
+}
+
+/// What the message adds: for each usable node with fewer than `want` GPUs free, how many of
+/// its GPUs are requested and by which pods (named only in `namespace`). None when some usable
+/// node has enough free (the scheduler's words are then about something else) or there is
+/// none to tell.
+pub fn held(
+    resource: &str,
+    want: u32,
+    namespace: &str,
+    nodes: &[(Usable, Vec<Pod>)],
+    more: usize,
+) -> Option<String> {
+    let mut told = Vec::new();
+    for (node, pods) in nodes {
+        let mut total = 0u64;
+        let mut named = Vec::new();
+        let mut elsewhere = 0u64;
+        for p in pods {
+            let running = !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            let n = p.spec.as_ref().map_or(0, |s| requested(s, resource));
+            if !running || n == 0 {
+                continue;
+            }
+            total = total.saturating_add(n);
+            if p.namespace().as_deref() == Some(namespace) {
+                named.push((p.name_any(), n));
+            } else {
+                elsewhere = elsewhere.saturating_add(n);
+            }
+        }
+        if u64::from(node.gpus).saturating_sub(total) >= u64::from(want) {
+            return None;
+        }
+        named.sort();
+        let mut by: Vec<String> = named
+            .iter()
+            .take(MOST_NAMED)
+            .map(|(pod, n)| format!("{n} by {pod}"))
+            .collect();
+        if named.len() > MOST_NAMED {
+            by.push(format!("{} more pods", named.len() - MOST_NAMED));
+        }
+        if elsewhere > 0 {
+            by.push(format!("{elsewhere} by pods of other namespaces"));
+        }
+        let by = if by.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", by.join(", "))
+        };
+        told.push(format!(
+            "{}: {total} of {} requested{by}",
+            node.node, node.gpus
+        ));
+    }
+    if told.is_empty() {
+        return None;
+    }
+    let more = match more {
+        0 => String::new(),
+        n => format!(", and {n} more nodes"),
+    };
+    Some(format!(
+        "the nodes whose GPUs the replica may use have fewer than {want} {resource} free: {}{more}; a replica starts when another model frees them (scale it down or delete it) or a GPU node is added",
+        told.join("; ")
+    ))
+}
+
+/// [`held`] for a model in `namespace` from the pods on its usable nodes, read from the API.
+/// None when reading fails: the scheduler's words stand alone.
+pub async fn tell(
+    env: &Env,
+    engine: &EngineSpec,
+    namespace: &str,
+    check: Option<&CheckStatus>,
+) -> Option<String> {
+    let resource = engine.gpu_resource()?;
+    let usable = usable(env, engine, check);
+    let more = usable.len().saturating_sub(MOST_NODES);
+    let pods: Api<Pod> = Api::all(env.client.clone());
+    let mut nodes = Vec::new();
+    for node in usable.into_iter().take(MOST_NODES) {
+        let lp = ListParams::default()
+            .fields(&format!("spec.nodeName={}", node.node))
+            .limit(MOST_PODS);
+        match pods.list(&lp).await {
+            Ok(list) => nodes.push((node, list.items)),
+            Err(e) => {
+                tracing::debug!(node = %node.node, error = %e, "reading the pods on a GPU node");
+                return None;
+            }
+        }
+    }
+    held(&resource, engine.gpus(), namespace, &nodes, more)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ns: &str, name: &str, gpus: u32, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}},
+                {"name": "b"},
+            ]},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn node(name: &str, gpus: u32) -> Usable {
+        Usable {
+            node: name.into(),
+            gpus,
+        }
+    }
+
+    #[test]
+    fn the_gpus_a_replica_waits_for_are_told_with_their_holders_of_its_own_namespace_only() {
+        let r = "nvidia.com/gpu";
+        let nodes = [
+            (
+                node("two", 2),
+                vec![
+                    pod("team-a", "first-abc", 2, "Running"),
+                    pod("team-a", "done-xyz", 2, "Succeeded"),
+                ],
+            ),
+            (
+                node("four", 4),
+                vec![
+                    pod("team-b", "secret-model", 3, "Running"),
+                    pod("team-a", "small", 0, "Running"),
+                ],
+            ),
+        ];
+        let m = held(r, 2, "team-a", &nodes, 0).unwrap();
+        assert_eq!(
+            m,
+            "the nodes whose GPUs the replica may use have fewer than 2 nvidia.com/gpu free: two: 2 of 2 requested (2 by first-abc); four: 3 of 4 requested (3 by pods of other namespaces); a replica starts when another model frees them (scale it down or delete it) or a GPU node is added"
+        );
+        assert!(!m.contains("secret-model"), "{m}");
+        // One node with enough free: the scheduler's words are about something else.
+        assert_eq!(held(r, 1, "team-a", &nodes, 0), None);
+        assert_eq!(held(r, 1, "team-a", &[], 0), None);
+        let m = held(r, 2, "team-a", &nodes[..1], 5).unwrap();
+        assert!(m.contains("2 by first-abc), and 5 more nodes;"), "{m}");
+    }
+
+    #[test]
+    fn a_pod_requests_what_the_scheduler_counts() {
+        let mut spec = pod("a", "p", 1, "Running").spec.unwrap();
+        assert_eq!(requested(&spec, "nvidia.com/gpu"), 1);
+        assert_eq!(requested(&spec, "amd.com/gpu"), 0);
+        // A larger init container counts instead of the containers' sum.
+        spec.init_containers = pod("a", "i", 3, "Running").spec.map(|s| s.containers);
+        assert_eq!(requested(&spec, "nvidia.com/gpu"), 3);
+    }
+}
