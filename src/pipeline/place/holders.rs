@@ -173,9 +173,15 @@ pub async fn tell(
     let pods: Api<Pod> = Api::all(env.client.clone());
     let mut nodes = Vec::new();
     for node in usable.into_iter().take(MOST_NODES) {
+        // From the API server's watch cache (any resourceVersion): cheap, and a second's
+        // staleness does not matter to a message.
         let lp = ListParams::default()
-            .fields(&format!("spec.nodeName={}", node.node))
-            .limit(MOST_PODS);
+            .fields(&format!(
+                "spec.nodeName={},status.phase!=Succeeded,status.phase!=Failed",
+                node.node
+            ))
+            .limit(MOST_PODS)
+            .match_any();
         match pods.list(&lp).await {
             Ok(list) => nodes.push((node, list.items)),
             Err(e) => {
