@@ -14,7 +14,7 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::Api;
 use kube::api::PostParams;
 use modelserve::api::{ModelServe, ModelServeStatus};
@@ -184,6 +184,22 @@ async fn until(
     }
 }
 
+/// The llama-server container of a replica's pod, and whether the pod tolerates the usual GPU
+/// taint.
+fn server(spec: &PodSpec) -> (&Container, bool) {
+    let server = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "llama-server")
+        .unwrap();
+    let tolerates = spec
+        .tolerations
+        .iter()
+        .flatten()
+        .any(|t| t.key.as_deref() == Some("nvidia.com/gpu"));
+    (server, tolerates)
+}
+
 /// A one-GPU model `name` of `pool` asking for `resource`, once Placed: it must be on `node`
 /// alone, asking for one of `resource` and tolerating the usual GPU taint. Its status.check and
 /// pod affinity (as JSON), printed.
@@ -203,20 +219,10 @@ async fn alone(
     let pod = model_pod(pods, name).await;
     let spec = pod.spec.unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(node), "{checked}");
-    let server = spec
-        .containers
-        .iter()
-        .find(|c| c.name == "llama-server")
-        .unwrap();
+    let (server, tolerates) = server(&spec);
     let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits.get(resource).map(|q| q.0.as_str()), Some("1"));
-    assert!(
-        spec.tolerations
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key.as_deref() == Some("nvidia.com/gpu")),
-        "the usual GPU taint is tolerated"
-    );
+    assert!(tolerates, "the usual GPU taint is tolerated");
     let affinity = serde_json::to_string(&spec.affinity).unwrap();
     println!("gpu: {name} placed on {node} with {resource} 1 and affinity {affinity}");
     (s.check.expect("status.check"), affinity)
@@ -324,11 +330,8 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         Some(two.as_str()),
         "the scheduler's choice"
     );
-    let server = spec
-        .containers
-        .iter()
-        .find(|c| c.name == "llama-server")
-        .unwrap();
+    let (server, tolerates) = server(&spec);
+    assert!(tolerates, "the usual GPU taint is tolerated");
     let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits["nvidia.com/gpu"].0, "2");
     assert_eq!(
@@ -349,13 +352,6 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     assert_eq!(after("--split-mode").as_deref(), Some("layer"));
     assert_eq!(after("--tensor-split"), check.tensor_split.clone());
     assert_eq!(after("--fit").as_deref(), Some("off"));
-    assert!(
-        spec.tolerations
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key.as_deref() == Some("nvidia.com/gpu")),
-        "the usual GPU taint is tolerated"
-    );
     println!(
         "gpu: first placed on {two} with nvidia.com/gpu 2 and {:?}",
         &args[args.iter().position(|a| a == "--n-gpu-layers").unwrap()..]
