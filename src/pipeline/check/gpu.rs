@@ -86,7 +86,8 @@ impl Request {
 /// The replicas' tolerations: the spec's, and with a GPU accelerator one for the usual taint
 /// of GPU nodes (the resource's name, any value, NoSchedule), which the NVIDIA and AMD device
 /// plugins' guides put on them; for another NVIDIA resource (a MIG slice, time-sliced shares
-/// under their own name) also `nvidia.com/gpu`'s, as its node is an NVIDIA GPU node. The Check stage considers the nodes these tolerate.
+/// under their own name) also `nvidia.com/gpu`'s, as its node is an NVIDIA GPU node. The Check
+/// stage considers the nodes these tolerate.
 pub fn tolerations(engine: &EngineSpec) -> Vec<k8s_openapi::api::core::v1::Toleration> {
     let mut all = engine.tolerations.clone();
     let Some(resource) = engine
