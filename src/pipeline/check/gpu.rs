@@ -189,18 +189,12 @@ struct Class {
 /// Decides the placement over the nodes' GPUs, or says why no node can take the model.
 pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<Plan, String> {
     let want = req.gpus;
-    // Shares of one GPU are no GPUs apart: with time-slicing two shares may be one GPU, and MPS
-    // refuses a pod more than one.
-    let one_each = |n: &&NodeGpus| want == 1 || n.shared_by == 1;
+    let enough: Vec<&NodeGpus> = nodes.iter().filter(|n| n.takes(want)).collect();
+    // Nodes with as many shares of GPUs, which are not GPUs apart.
     let shared = nodes
         .iter()
-        .filter(|n| n.count >= want && !one_each(n))
+        .filter(|n| n.count >= want && !n.takes(want))
         .max_by_key(|n| n.shared_by);
-    let enough: Vec<&NodeGpus> = nodes
-        .iter()
-        .filter(|n| n.count >= want)
-        .filter(one_each)
-        .collect();
     if let (true, Some(n)) = (enough.is_empty(), shared) {
         return Err(format!(
             "a replica asks for {want} {} and the nodes that have that many share each GPU among pods ({}: {}={}): a pod gets at most one share of a GPU (time-slicing may give it two shares of one GPU, and MPS refuses more than one); set engine.gpus to 1 or use unshared GPUs",

@@ -420,7 +420,7 @@ fn judge(
                 .filter(|c| {
                     g.nodes.iter().any(|n| {
                         n.node == c.name
-                            && n.count >= g.request.gpus
+                            && n.takes(g.request.gpus)
                             && n.memory.is_some_and(|m| m >= memory)
                     })
                 })

@@ -51,7 +51,7 @@ pub fn usable(env: &Env, engine: &EngineSpec, check: Option<&CheckStatus>) -> Ve
         .map_or(0, |m| m.max(0) as u64);
     let mut usable: Vec<Usable> = gpu::node_gpus(&nodes, &names, &req)
         .into_iter()
-        .filter(|n| n.count >= req.gpus && (req.gpus == 1 || n.shared_by == 1))
+        .filter(|n| n.takes(req.gpus))
         .filter(|n| n.memory.is_none_or(|m| m >= planned))
         .map(|n| Usable {
             node: n.node,

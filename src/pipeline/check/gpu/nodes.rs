@@ -71,6 +71,15 @@ pub struct NodeGpus {
     pub host_memory: u64,
 }
 
+impl NodeGpus {
+    /// Whether the node can give a replica `gpus` GPUs: that many units of the resource, and for
+    /// more than one, GPUs not shared among pods (with time-slicing two shares may be one GPU,
+    /// and MPS refuses a pod more than one).
+    pub fn takes(&self, gpus: u32) -> bool {
+        self.count >= gpus && (gpus <= 1 || self.shared_by == 1)
+    }
+}
+
 /// The GPUs of each node in `names` (the nodes the replicas may land on).
 pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<NodeGpus> {
     nodes
