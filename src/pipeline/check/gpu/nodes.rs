@@ -16,7 +16,9 @@ use crate::units::parse_quantity;
 pub const NVIDIA_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const NVIDIA_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const NVIDIA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
-/// AMD's node labeller: memory of one GPU, such as 16G or 191G.
+/// AMD's node labeller: memory of one GPU in GiB rounded to the nearest, such as 16G or 192G;
+/// on a node whose GPUs differ, `amd.com/gpu.vram.16G` (the count of such GPUs) for each size
+/// instead.
 pub const AMD_VRAM: &str = "amd.com/gpu.vram";
 pub const AMD_PRODUCT: &str = "amd.com/gpu.product-name";
 /// The resources of MIG slices under the device plugin's mixed strategy, such as
@@ -124,8 +126,7 @@ fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Option<u32> {
 }
 
 /// The memory of one unit of `resource` from the node's labels: GFD's (MiB) for NVIDIA's
-/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's (a size such as
-/// 16G, read as GiB).
+/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's.
 fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Option<u64> {
     let mib = |key: &str| {
         let mib = labels.get(key)?.parse::<u64>().ok()?;
@@ -134,15 +135,30 @@ fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Option<u64
     if let Some(key) = memory_label(resource) {
         return mib(&key);
     }
-    if let Some(m) = mib(NVIDIA_MEMORY) {
-        return Some(m);
+    mib(NVIDIA_MEMORY).or_else(|| amd_vram(labels))
+}
+
+/// The least memory of the node's AMD GPUs: the labeller rounds each to the nearest GiB, so a
+/// GPU labelled 16G has at least 15.5 GiB (a 16 GB card's 15.98 GiB is labelled 16G); on a node
+/// whose GPUs differ, the smallest size labelled.
+fn amd_vram(labels: &BTreeMap<String, String>) -> Option<u64> {
+    let gib = |size: &str| {
+        let n = size
+            .strip_suffix('G')?
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n > 0)?;
+        n.checked_mul(1 << 30)?.checked_sub(1 << 29)
+    };
+    if let Some(size) = labels.get(AMD_VRAM) {
+        return gib(size);
     }
-    let v = labels.get(AMD_VRAM)?;
-    let v = v
-        .strip_suffix('G')
-        .map(|g| format!("{g}Gi"))
-        .unwrap_or_else(|| v.clone());
-    parse_quantity(&v).filter(|m| *m > 0)
+    let prefix = format!("{AMD_VRAM}.");
+    labels
+        .range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .filter_map(|(k, _)| gib(&k[prefix.len()..]))
+        .min()
 }
 
 /// The GPU's model from the labels; for a MIG slice, with its profile, as GFD names MIG devices
@@ -170,10 +186,25 @@ mod tests {
             label_memory(&l(NVIDIA_MEMORY, "23028"), nvidia),
             Some(23028 << 20)
         );
+        // AMD's is rounded to the nearest GiB: at least half a GiB less.
         assert_eq!(
             label_memory(&l(AMD_VRAM, "16G"), "amd.com/gpu"),
-            Some(16 << 30)
+            Some((31 << 30) / 2)
         );
+        // A node whose AMD GPUs differ labels each size: the smallest counts.
+        let mixed = BTreeMap::from([
+            ("amd.com/gpu.vram.192G".to_string(), "4".to_string()),
+            ("amd.com/gpu.vram.64G".to_string(), "4".to_string()),
+            ("amd.com/gpu.vramx".to_string(), "1".to_string()),
+        ]);
+        assert_eq!(label_memory(&mixed, "amd.com/gpu"), Some(127 << 29));
+        for bad in ["16", "0G", "-1G", "G", "99999999999999G"] {
+            assert_eq!(
+                label_memory(&l(AMD_VRAM, bad), "amd.com/gpu"),
+                None,
+                "{bad}"
+            );
+        }
         assert_eq!(label_memory(&l(NVIDIA_MEMORY, "lots"), nvidia), None);
         assert_eq!(label_memory(&BTreeMap::new(), nvidia), None);
         // A time-sliced GPU under another name is still the whole GPU's memory.
