@@ -113,6 +113,26 @@ pub struct GpuCheck {
     pub nodes: Vec<gpu::NodeGpus>,
 }
 
+impl GpuCheck {
+    /// The GPU request of `engine` and the GPUs of the `candidates` among `nodes` its replicas
+    /// may land on; None on cpu, an error naming a spec field that is wrong.
+    pub fn of(
+        env: &Env,
+        engine: &crate::api::EngineSpec,
+        nodes: &[std::sync::Arc<k8s_openapi::api::core::v1::Node>],
+        candidates: &[fit::Candidate],
+    ) -> Result<Option<GpuCheck>, String> {
+        let default_image = env.settings.engine_image_for(engine.accelerator());
+        let image = engine.image.as_deref().unwrap_or(default_image);
+        let Some(request) = gpu::Request::of(engine, image, env.settings.gpu_headroom)? else {
+            return Ok(None);
+        };
+        let names: Vec<String> = candidates.iter().map(|c| c.name.clone()).collect();
+        let nodes = gpu::node_gpus(nodes, &names, &request);
+        Ok(Some(GpuCheck { request, nodes }))
+    }
+}
+
 /// The nodes' build and the server flags for `ms`, from the spec and the operator's
 /// configuration, for replicas that may run the CPU code `cpu` on nodes of at most `cpus`
 /// logical CPUs.
@@ -331,14 +351,8 @@ pub async fn run(
     let default_image = env.settings.engine_image_for(engine.accelerator());
     let cpus = fit::most_cpus(&candidates);
     let mut p = plan(ms, default_image, env.settings.engine_build, cpu, cpus);
-    let image = engine.image.as_deref().unwrap_or(default_image);
-    match gpu::Request::of(&engine, image, env.settings.gpu_headroom) {
-        Ok(None) => {}
-        Ok(Some(request)) => {
-            let names: Vec<String> = candidates.iter().map(|c| c.name.clone()).collect();
-            let nodes = gpu::node_gpus(&nodes, &names, &request);
-            p.gpu = Some(GpuCheck { request, nodes });
-        }
+    match GpuCheck::of(env, &engine, &nodes, &candidates) {
+        Ok(gpu) => p.gpu = gpu,
         Err(why) => {
             *check = None;
             return Outcome::failed(&CheckFailure::InvalidResources(why));

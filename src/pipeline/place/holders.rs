@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use crate::api::{CheckStatus, EngineSpec};
-use crate::pipeline::check::{fit, gpu};
+use crate::pipeline::check::{GpuCheck, fit, gpu};
 use crate::pipeline::env::Env;
 use crate::units::parse_quantity;
 
@@ -33,25 +33,18 @@ pub struct Usable {
 
 /// The nodes a replica of `engine` may use, by the placement in `check`, in name order.
 pub fn usable(env: &Env, engine: &EngineSpec, check: Option<&CheckStatus>) -> Vec<Usable> {
-    let image = engine
-        .image
-        .as_deref()
-        .unwrap_or(env.settings.engine_image_for(engine.accelerator()));
-    let Ok(Some(req)) = gpu::Request::of(engine, image, env.settings.gpu_headroom) else {
+    let nodes = env.cache.nodes();
+    let candidates = fit::candidates(&nodes, &engine.node_selector, &gpu::tolerations(engine));
+    let Ok(Some(g)) = GpuCheck::of(env, engine, &nodes, &candidates) else {
         return Vec::new();
     };
-    let nodes = env.cache.nodes();
-    let names: Vec<String> =
-        fit::candidates(&nodes, &engine.node_selector, &gpu::tolerations(engine))
-            .into_iter()
-            .map(|c| c.name)
-            .collect();
     let planned = check
         .and_then(|c| c.gpu_memory_bytes)
         .map_or(0, |m| m.max(0) as u64);
-    let mut usable: Vec<Usable> = gpu::node_gpus(&nodes, &names, &req)
+    let mut usable: Vec<Usable> = g
+        .nodes
         .into_iter()
-        .filter(|n| n.takes(req.gpus))
+        .filter(|n| n.takes(g.request.gpus))
         .filter(|n| n.memory.is_none_or(|m| m >= planned))
         .map(|n| Usable {
             node: n.node,
