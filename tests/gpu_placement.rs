@@ -53,9 +53,12 @@ fn remove_orphans(tb: &Testbed) {
     }
 }
 
-/// A kwok node with `gpus` GPUs of `mib` MiB each, CUDA driver `driver`, in pool `pool`.
+/// A kwok node with `gpus` GPUs of `mib` MiB each, CUDA driver `driver`, in pool `pool`, not
+/// shared, as GFD labels that (the MIG node below has no such labels, as older GFDs write).
 fn gpu_node(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
     let mut node = whole_gpus(name, pool, gpus, mib, driver);
+    node["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "1".into();
+    node["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] = "none".into();
     for field in ["capacity", "allocatable"] {
         node["status"][field]["nvidia.com/gpu"] = gpus.to_string().into();
     }
