@@ -144,7 +144,7 @@ pub fn held(
     }
     let more = match more {
         0 => String::new(),
-        n => format!(", and {n} more nodes"),
+        n => format!("; {n} more nodes the replica may use were not read"),
     };
     Some(format!(
         "the nodes whose GPUs the replica may use have fewer than {want} {resource} free: {}{more}; a replica starts when another model frees them (scale it down or delete it) or a GPU node is added",
@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(held(r, 1, "team-a", &nodes, 0), None);
         assert_eq!(held(r, 1, "team-a", &[], 0), None);
         let m = held(r, 2, "team-a", &nodes[..1], 5).unwrap();
-        assert!(m.contains("2 by first-abc), and 5 more nodes;"), "{m}");
+        assert!(
+            m.contains("2 by first-abc); 5 more nodes the replica may use were not read;"),
+            "{m}"
+        );
     }
 
     #[test]
