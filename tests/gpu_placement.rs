@@ -398,6 +398,19 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         affinity.contains("\"nvidia.com/gpu.replicas\"") && affinity.contains("\"511\""),
         "{affinity}"
     );
+    // Two of those shares may be one GPU: a replica of two GPUs is refused there, saying why.
+    let mut spec = gpu_model(&pool, 2);
+    spec["engine"]["gpuResource"] = SHARED.into();
+    let ms = ModelServe::new("pair", serde_json::from_value(spec).unwrap());
+    api.create(&PostParams::default(), &ms).await.unwrap();
+    let s = until(&api, "pair", "Checked", ("False", "NoNodeFits"), 120).await;
+    let (_, _, m) = condition(&s, "Checked");
+    println!("gpu: pair: Checked False NoNodeFits: {m}");
+    assert!(
+        m.contains(&format!("({shared}: nvidia.com/gpu.replicas=4)"))
+            && m.contains("set engine.gpus to 1"),
+        "{m}"
+    );
 
     // An engine whose CUDA is newer than the node's driver, as a kwok fault plays it.
     let (m, _) = faulted(
