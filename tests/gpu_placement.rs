@@ -2,9 +2,10 @@
 //! labels and the usual GPU taint, made by the test and removed after it. The Check stage places
 //! the layers by llama.cpp's rules before any download, the Deployment asks for exactly those
 //! GPUs with exactly those flags, the real scheduler puts the pod on the node that has them, and
-//! Place reports, in the scheduler's words, a second model wanting the same GPUs, and in the
-//! kubelet's, an engine whose CUDA is newer than the node's driver and a GPU with less free
-//! memory than the engine allocates.
+//! Place reports, in the scheduler's words, a second model wanting the same GPUs (and which pod
+//! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
+//! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
+//! memory, a time-sliced share by its part of the GPU, and a replica of two shares is refused.
 //!
 //! The GPUs are MiB, not GiB: the pipeline mirrors the model before it is placed, so the model is
 //! the test bed's small one, and the GPUs are sized to it. The same decision at GiB sizes (a model
