@@ -250,26 +250,20 @@ pub async fn run(env: &Env, ms: &ModelServe, status: &mut ModelServeStatus) -> O
     status.replicas = d.replicas;
     status.ready_replicas = d.ready_replicas;
     status.placement = d.placement;
-    match d.outcome {
-        // Short of GPUs: who holds those the replica may use, read from the API only then.
-        Outcome::Failed {
-            reason,
-            message,
-            recovery,
-        } if reason == <&str>::from(&PlaceFailure::InsufficientGpu(String::new())) => {
-            let engine = ms.spec.engine.clone().unwrap_or_default();
-            let held = holders::tell(env, &engine, &namespace, status.check.as_ref()).await;
-            Outcome::Failed {
-                reason,
-                message: match held {
-                    Some(h) => format!("{message}; {h}"),
-                    None => message,
-                },
-                recovery,
-            }
+    let mut outcome = d.outcome;
+    // Short of GPUs: who holds those the replica may use, read from the API only then.
+    if let Outcome::Failed {
+        reason, message, ..
+    } = &mut outcome
+        && *reason == <&str>::from(&PlaceFailure::InsufficientGpu(String::new()))
+    {
+        let engine = ms.spec.engine.clone().unwrap_or_default();
+        if let Some(held) = holders::tell(env, &engine, &namespace, status.check.as_ref()).await {
+            message.push_str("; ");
+            message.push_str(&held);
         }
-        outcome => outcome,
     }
+    outcome
 }
 
 #[cfg(test)]
