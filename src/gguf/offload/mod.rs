@@ -23,8 +23,8 @@
 //! - The logits' output buffer (`llama_context::output_reserve`) is in host memory.
 //!
 //! Not modelled: the GPU memory of the runtime itself (CUDA context, cuBLAS workspaces, a few
-//! hundred MiB), which the margin (`--fit-target`, 1 GiB by default) stands for (its host memory
-//! is an assumption, `Backend::runtime_host`); `-ot`,
+//! hundred MiB; about 600 MiB on an H200), which the margin (`--fit-target`, 1 GiB by default)
+//! stands for (its host memory is `Backend::runtime_host`); `-ot`,
 //! `--cpu-moe` and row split; `--no-kv-offload`.
 
 mod fit;
@@ -56,12 +56,20 @@ pub struct Backend {
     /// (the device's `offload_op`: CUDA, Vulkan and SYCL do, RPC does not), copying the weight
     /// into its compute buffer.
     pub op_offload: bool,
+    /// Whether it has a pinned host buffer type (`CUDA_Host`). The engine lists it for the
+    /// host's weights before the CPU's repack buffers (`make_cpu_buft_list`: "ACCEL -> GPU host
+    /// -> CPU extra -> CPU"), so with such GPUs in use nothing on the host is repacked: a CUDA
+    /// llama-server logged its host layers in `CPU_Mapped` alone (testbed/gpu-check.sh on an
+    /// H200), where the same layers over RPC devices (no host buffer type) were repacked.
+    pub host_buffer: bool,
     /// Host memory the GPU runtime keeps in the server's process, besides the model's buffers:
     /// the driver's and the runtime libraries' pages, the kernels it loads, its staging
-    /// buffers. The pod's memory limit is the host part, so it must hold this too. Not
-    /// measured here (the test bed has no GPU): gguf-parser-go's default RAM footprint for a
-    /// platform, 150 MiB; testbed/gpu-check.sh compares the host part with a CUDA server's
-    /// peak RSS.
+    /// buffers. The pod's memory limit is the host part, so it must hold this too. For CUDA,
+    /// measured by testbed/gpu-check.sh on an H200 (CUDA 13.0, driver 580): a llama-server
+    /// built for CUDA peaked at 284 to 298 MiB more than its host part without this, whatever
+    /// the offload (-ngl 0 too: the runtime is set up for every device it sees); most of it
+    /// the driver's anonymous memory and device mappings (about 170 MiB) and cuBLASLt's pages
+    /// (62 MiB). 320 MiB leaves room for the kernels a long prompt loads on first use.
     pub runtime_host: u64,
 }
 
@@ -69,12 +77,14 @@ impl Backend {
     /// NVIDIA GPUs, what the operator places on.
     pub const CUDA: Backend = Backend {
         op_offload: true,
-        runtime_host: 150 << 20,
+        host_buffer: true,
+        runtime_host: 320 << 20,
     };
     /// llama.cpp's RPC backend (`rpc-server` devices, `llama-server --rpc`): its client keeps
     /// no runtime of its own.
     pub const RPC: Backend = Backend {
         op_offload: false,
+        host_buffer: false,
         runtime_host: 0,
     };
 }

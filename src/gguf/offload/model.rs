@@ -524,13 +524,17 @@ impl Model {
     }
 
     /// The repack of the tensors left in host memory (the engine repacks only CPU buffers),
-    /// and its tier; no tier when no GPU holds anything (then it is `memory`'s).
+    /// and its tier; none beside GPUs with a host buffer type (`Backend::host_buffer`); no tier
+    /// when no GPU holds anything (then it is `memory`'s).
     fn host_repack(
         &self,
         h: &Header,
         devices: &[DeviceShare],
         host: &HostShare,
     ) -> (u64, Option<repack::Tier>) {
+        if self.backend.host_buffer && !devices.is_empty() {
+            return (0, Some(repack::Tier::None));
+        }
         if devices.iter().all(|d| d.layers.is_empty() && !d.output) {
             return (self.parts.estimate.repack, None);
         }

@@ -233,10 +233,26 @@ fn the_host_repacks_only_the_weights_it_keeps() {
     // F32 blocks and F16 matrices: only AMX repacks F16, the output among them.
     let all = estimate(&h, &f).repack;
     assert!(all > 0);
-    let full = place(&h, &f, 5, &[1.0]).unwrap();
+    let full = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
     assert_eq!(full.host.repack, 0, "token_embd is never repacked");
-    let cpu = place(&h, &f, 0, &[1.0]).unwrap();
+    let cpu = place_on(&h, &f, 0, &[1.0], Backend::RPC).unwrap();
     assert_eq!(cpu.host.repack, all);
+    assert_eq!(place(&h, &f, 0, &[]).unwrap().host.repack, all, "no GPU");
+}
+
+#[test]
+fn beside_cuda_nothing_on_the_host_is_repacked() {
+    let h = Model::llama(4, 64 * MIB).header();
+    let f = Flags {
+        cpu: repack::Tiers::ANY,
+        ..flags(4096, 1)
+    };
+    // CUDA_Host comes before the CPU's repack buffers in the host's list, even at -ngl 0.
+    let cuda = place(&h, &f, 0, &[1.0]).unwrap();
+    let rpc = place_on(&h, &f, 0, &[1.0], Backend::RPC).unwrap();
+    assert!(rpc.host.repack > 0);
+    assert_eq!(cuda.host.repack, 0);
+    assert_eq!(cuda.host.weights, rpc.host.weights);
 }
 
 #[test]
