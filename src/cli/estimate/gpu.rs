@@ -547,7 +547,7 @@ impl Offload {
         }
         out += &format!(
             "\nthe host's total also holds: repack {} MiB, checkpoints {} MiB, output buffer {} MiB, \
-             engine {} MiB, GPU runtime {} MiB (assumed)\n",
+             engine {} MiB, GPU runtime {} MiB (measured on an H200)\n",
             mib(h.repack),
             mib(h.checkpoints),
             mib(h.output_buffer),

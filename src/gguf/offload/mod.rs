@@ -65,12 +65,19 @@ pub struct Backend {
     /// Host memory the GPU runtime keeps in the server's process, besides the model's buffers:
     /// the driver's and the runtime libraries' pages, the kernels it loads, its staging
     /// buffers. The pod's memory limit is the host part, so it must hold this too. For CUDA,
-    /// measured by testbed/gpu-check.sh on an H200 (CUDA 13.0, driver 580): a llama-server
-    /// built for CUDA peaked at 284 to 298 MiB more than its host part without this, whatever
-    /// the offload (-ngl 0 too: the runtime is set up for every device it sees); most of it
-    /// the driver's anonymous memory and device mappings (about 170 MiB) and cuBLASLt's pages
-    /// (62 MiB). 320 MiB leaves room for the kernels a long prompt loads on first use.
+    /// measured by testbed/gpu-check.sh on an H200 (CUDA 13.0, driver 580) as a llama-server's
+    /// peak RSS, after every slot read a prompt that filled its context, less the host part's
+    /// other figures: 318 to 333 MiB for models with attention alone (llama, gemma3), whether
+    /// all layers or half were offloaded. Mostly the driver's anonymous memory and device
+    /// mappings, cuBLASLt's pages and the heap; before any prompt it was 284 to 298 MiB, and
+    /// -ngl 0 takes it too (the runtime is set up for every device the server sees).
     pub runtime_host: u64,
+    /// What the runtime keeps more for a model with recurrent (Mamba-2) layers: the hybrid
+    /// granite model needed 486 and 500 MiB in the same run, the growth anonymous memory
+    /// outside the heap (about 110 MiB) and the heap (about 65 MiB) once its prompts had run,
+    /// with CUDA graphs on or off. Measured on one hybrid model; what takes it is not
+    /// established.
+    pub runtime_host_recurrent: u64,
 }
 
 impl Backend {
@@ -78,7 +85,8 @@ impl Backend {
     pub const CUDA: Backend = Backend {
         op_offload: true,
         host_buffer: true,
-        runtime_host: 320 << 20,
+        runtime_host: 352 << 20,
+        runtime_host_recurrent: 176 << 20,
     };
     /// llama.cpp's RPC backend (`rpc-server` devices, `llama-server --rpc`): its client keeps
     /// no runtime of its own.
@@ -86,6 +94,7 @@ impl Backend {
         op_offload: false,
         host_buffer: false,
         runtime_host: 0,
+        runtime_host_recurrent: 0,
     };
 }
 
@@ -137,7 +146,8 @@ pub struct HostShare {
     pub output_buffer: u64,
     /// The engine's memory outside its buffers (`memory::engine`) but the output buffer.
     pub overhead: u64,
-    /// The GPU runtime's own (`Backend::runtime_host`), when any GPU is used.
+    /// The GPU runtime's own (`Backend::runtime_host`, and `runtime_host_recurrent` more for a
+    /// model with recurrent layers), when any GPU is used.
     pub runtime: u64,
     /// All of the above but `weights` (what of them is resident is `mapped`), rounded up to a
     /// MiB as `memory::estimate` rounds its total.

@@ -481,7 +481,13 @@ impl Model {
         let (repack, tier) = self.host_repack(h, &devices, &host);
         host.repack = repack;
         if !split.is_empty() {
-            host.runtime = self.backend.runtime_host;
+            let recurrent = self.parts.recurrent.iter().any(|b| *b > 0);
+            host.runtime = self.backend.runtime_host
+                + if recurrent {
+                    self.backend.runtime_host_recurrent
+                } else {
+                    0
+                };
         }
         host.mapped = match tier {
             Some(tier) => self.host_mapped(h, &host, tier),

@@ -195,6 +195,17 @@ fn kv_cache_and_recurrent_state_live_with_their_layer() {
     assert_eq!(p.devices[0].recurrent, e.recurrent / 3);
     assert_eq!(p.host.recurrent, 2 * e.recurrent / 3);
     assert_eq!(p.host.checkpoints, e.checkpoints, "checkpoints stay in RAM");
+    // The CUDA runtime kept more host memory for the hybrid model on an H200; RPC keeps none.
+    let cuda = Backend::CUDA;
+    assert_eq!(
+        p.host.runtime,
+        cuda.runtime_host + cuda.runtime_host_recurrent
+    );
+    let rpc = place_on(&h, &f, 3, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(rpc.host.runtime, 0);
+    let attention = place(&Model::llama(4, 16 * MIB).header(), &f, 3, &[1.0]).unwrap();
+    assert_eq!(attention.host.runtime, cuda.runtime_host);
+    assert_eq!(place(&h, &f, 3, &[]).unwrap().host.runtime, 0, "no GPU");
 }
 
 #[test]
