@@ -183,6 +183,9 @@ pub(crate) struct Parts {
     pub mask_layers: Vec<Mask>,
     /// One ubatch of the residual stream (n_embd f32 per token).
     pub residual: u64,
+    /// The FFN phase of `activations` alone (dense or MoE; no scan, no latent attention): what
+    /// an attending layer keeps alive around its attention.
+    pub ffn: u64,
     /// One ubatch of scaled token embeddings where the first block runs (`SCALED_EMBEDDINGS`).
     pub scaled: u64,
     /// The residual rows of the reserved outputs (n_embd f32 each).
@@ -518,6 +521,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         mask_window: bytes(mask_window),
         mask_layers,
         residual: bytes(residual),
+        ffn: bytes(ubatch * 4 * ffn_phase),
         scaled: bytes(scaled),
         out_rows: bytes(out_rows),
         moe_tail: bytes(moe_tail),
@@ -589,6 +593,7 @@ fn fallback(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         mask_window: 0,
         mask_layers: Vec::new(),
         residual: 0,
+        ffn: 0,
         scaled: 0,
         out_rows: 0,
         moe_tail: 0,

@@ -298,7 +298,12 @@ impl Model {
     /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
     ///   in host memory run on the first GPU (`ggml_backend_sched_backend_id_from_cur`,
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
-    ///   counted once), and the host runs only the token-by-token graph of its layers.
+    ///   counted once), and the weightless operations between them follow it there, a host
+    ///   layer's attention with its mask and KV cache copied in (`Model::offloaded_attention`);
+    ///   the host runs only the token-by-token graph of its layers, but for a model with
+    ///   recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
+    ///   offload rule (a local build, not the test bed's) logged every CUDA0 and host compute
+    ///   buffer of testbed/gpu-check.sh's H200 runs exactly, and are what these were traced on.
     ///
     /// Without GPUs it is `memory`'s compute figure.
     fn compute(
@@ -380,7 +385,10 @@ impl Model {
                 c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             if d == 0 && op_offload {
-                c = c.max(block + all_masks + u128::from(p.scaled)) + u128::from(largest);
+                c = c
+                    .max(block + all_masks + u128::from(p.scaled))
+                    .max(self.offloaded_attention(host))
+                    + u128::from(largest);
                 if host.output {
                     c += logits;
                 }
@@ -410,8 +418,62 @@ impl Model {
             if host.output {
                 c += u128::from(p.estimate.engine.output);
             }
+            if self.host_runs_prompts(host) {
+                c = c.max(u128::from(p.estimate.compute));
+            }
             clamp(c)
         };
+    }
+
+    /// Under op offload, the first GPU's peak while it runs a host layer's attention: the
+    /// engine copies in the mask that layer reads (kept until its last reader) and the layer's
+    /// whole KV cache, the views flash attention reads, since the KV cache stays in host
+    /// memory (`## SPLIT` inputs `cache_k_l0 (view)`, `cache_v_l0 (view)`, `attn_inp_kq_mask`
+    /// in llama-server's `GGML_SCHED_DEBUG` log). Those land above the layer's rows, which
+    /// the FFN phase before them bounds (`memory::Parts::ffn`, without the residual): over
+    /// RPC devices given CUDA's offload rule, which then logged every CUDA0 compute buffer of
+    /// testbed/gpu-check.sh exactly, the largest host layer's copy on top of that bound was
+    /// within 1% of the engine for llama at 8192 cells and up to 24% above it elsewhere (the
+    /// copies partly fit in the rows' holes), never below, from 4096 to 32768 cells.
+    ///
+    /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
+    /// run: the hybrid granite model ran its other host layers' attention on the CPU
+    /// (`Model::host_runs_prompts`).
+    fn offloaded_attention(&self, host: &HostShare) -> u128 {
+        let p = &self.parts;
+        let rows = u128::from(p.ffn).saturating_sub(u128::from(p.residual));
+        let layers = if self.hybrid() {
+            host.layers.end.saturating_sub(1).max(host.layers.start)..host.layers.end
+        } else {
+            host.layers.clone()
+        };
+        layers
+            .filter_map(|il| {
+                let i = il as usize;
+                let mask = match p.mask_layers.get(i)? {
+                    Mask::Full => p.mask_full,
+                    Mask::Window => p.mask_window,
+                    Mask::None => return None,
+                };
+                Some(rows + u128::from(mask) + u128::from(*p.kv.get(i)?))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    fn hybrid(&self) -> bool {
+        self.parts.recurrent.iter().any(|b| *b > 0)
+    }
+
+    /// Under op offload, whether the host runs its layers' prompt itself: in a model with
+    /// recurrent layers the scheduler left rows of the host's layers at the prompt's width on
+    /// the CPU, its attention's among them (granitehybrid over RPC devices given CUDA's
+    /// offload rule, which matched CUDA0 on an H200: the host's compute 5.5 MiB above the
+    /// token-by-token graph from 4096 to 16384 cells, whether the host's layers attend or
+    /// not). The CPU's own compute figure, a layer's prompt, bounds it.
+    fn host_runs_prompts(&self, host: &HostShare) -> bool {
+        self.hybrid() && !host.layers.is_empty()
     }
 
     /// Whether the host's last block is a MoE layer (`memory::Parts::moe_tail`).

@@ -298,9 +298,15 @@ fn a_gpu_running_any_layer_needs_one_layers_compute_and_the_first_copies_host_we
     let full = place(&h, &f, 5, &[1.0]).unwrap();
     let some = place(&h, &f, 3, &[1.0]).unwrap();
     // The prompt's multiplies with weights left on the host run on the GPU, which copies the
-    // largest of them (a block's FFN weight) into its compute buffer.
+    // largest of them (a block's FFN weight) into its compute buffer, and so does the
+    // attention after them, with its mask and the layer's KV cache copied in.
     let ffn = 64 * MIB - N_EMBD * 4;
-    assert_eq!(some.devices[0].compute, full.devices[0].compute + ffn);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let attention = p.ffn - p.residual + p.mask_full + p.kv[0];
+    assert_eq!(
+        some.devices[0].compute,
+        full.devices[0].compute.max(attention) + ffn
+    );
     assert!(
         some.host.compute > full.host.compute,
         "the host runs its layers' token graph"
@@ -573,4 +579,50 @@ fn a_header_without_shapes_is_placed_roughly_and_says_so() {
         d.message(&gpus(&[24 * GIB]))
             .ends_with("(rough: the header lacks the model's shapes)")
     );
+}
+
+#[test]
+fn under_op_offload_the_gpu_copies_in_a_host_layers_kv_cache_and_mask_for_its_attention() {
+    let h = Model::llama(4, 16 * MIB).header();
+    let (short, long) = (flags(4096, 1), flags(32768, 1));
+    let (ps, pl) = (
+        crate::gguf::memory::parts(&h, &short),
+        crate::gguf::memory::parts(&h, &long),
+    );
+    let grown = (pl.kv[0] - ps.kv[0]) + (pl.mask_full - ps.mask_full);
+    let cuda = |f: &Flags| place(&h, f, 3, &[1.0]).unwrap().devices[0].compute;
+    let rpc = |f: &Flags| place_on(&h, f, 3, &[1.0], Backend::RPC).unwrap().devices[0].compute;
+    // The host's KV cache grows with the context, and a CUDA GPU's compute buffer with it.
+    assert_eq!(cuda(&long) - cuda(&short), grown);
+    assert!(
+        rpc(&long) - rpc(&short) < grown,
+        "RPC devices run only their own layers"
+    );
+    // Fully offloaded, nothing is copied in.
+    let full = |f: &Flags| place(&h, f, 5, &[1.0]).unwrap().devices[0].compute;
+    assert!(full(&long) - full(&short) < grown);
+}
+
+#[test]
+fn under_op_offload_a_hybrid_models_host_runs_its_layers_prompt() {
+    let mut m = Model::llama(4, 16 * MIB);
+    m.arch = "granitehybrid";
+    m.kv = vec![
+        ("attention.head_count", Value::U32(8)),
+        ("attention.head_count_kv", write::u32s(&[0, 0, 0, 2])),
+        ("ssm.conv_kernel", Value::U32(4)),
+        ("ssm.inner_size", Value::U32(2048)),
+        ("ssm.state_size", Value::U32(128)),
+        ("ssm.group_count", Value::U32(1)),
+    ];
+    let h = m.header();
+    let f = flags(4096, 2);
+    // Two recurrent blocks on the host, the attention block and the output on the GPU.
+    let p = place(&h, &f, 3, &[1.0]).unwrap();
+    assert_eq!(p.host.layers, 0..2);
+    assert_eq!(p.host.compute, estimate(&h, &f).compute);
+    // The attention-only llama's host keeps only the token-by-token graph.
+    let llama = Model::llama(4, 16 * MIB).header();
+    let q = place(&llama, &f, 3, &[1.0]).unwrap();
+    assert!(q.host.compute < estimate(&llama, &f).compute);
 }
