@@ -32,19 +32,23 @@ start=$(date +%s)
 # compile AVX, AVX2, FMA, F16C and BMI2 (not AVX-512), so the CPU repack of Q4_0, Q4_K, IQ4_NL
 # and MXFP4 is in. No curl, no SSL, no web UI download: the test bed reaches no network.
 # GGML_RPC=ON for every tool: llama-server then takes --rpc (each rpc-server is a device), and
-# the tools share all of ggml and libllama, so CI compiles llama.cpp once.
-cmake -S "$sdist/vendor/llama.cpp" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+# the tools share all of ggml and libllama, so CI compiles llama.cpp once. The RPC client's
+# opt-in op offload (rpc-offload.py) changes nothing unless MODELSERVE_RPC_OFFLOAD is set.
+# The RPC client gets an opt-in op offload (testbed/rpc-offload.py), in a copy of the sources.
+cp -r "$sdist/vendor/llama.cpp" "$build/src" || fail "copying the llama.cpp sources"
+python3 "$here/rpc-offload.py" "$build/src" || fail "adding the RPC op offload"
+cmake -S "$build/src" -B "$build/out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$build/configure.log" 2>&1 \
   || { cat "$build/configure.log" >&2; fail "cmake configure"; }
-cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >"$build/build.log" 2>&1 \
+cmake --build "$build/out" --target "${targets[@]}" -j "$(nproc)" >"$build/build.log" 2>&1 \
   || { tail -50 "$build/build.log" >&2; fail "cmake build of ${targets[*]}"; }
 # Fill a scratch directory beside the cache and rename it: an interrupted run leaves no
 # half-filled cache behind, and a concurrent run's finished cache is kept.
 mkdir -p "$(dirname "$out")"
 tmp="$(mktemp -d "$out.tmp.XXXXXX")"; chmod 755 "$tmp"
-for t in "${targets[@]}"; do cp "$build/bin/$t" "$tmp/$t"; done
+for t in "${targets[@]}"; do cp "$build/out/bin/$t" "$tmp/$t"; done
 touch "$tmp/.complete"
 if [ -d "$out" ] && [ ! -f "$out/.complete" ]; then rm -rf "$out"; fi
 if ! mv -T "$tmp" "$out" 2>/dev/null; then

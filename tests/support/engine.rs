@@ -26,6 +26,16 @@ impl Server {
     /// Starts `server` on `model` with `args` besides the model, the address and `-lv 4` (the
     /// verbosity that logs every buffer).
     pub fn start(server: &Path, model: &Path, args: &[String]) -> Server {
+        Server::start_with(server, model, args, &[])
+    }
+
+    /// [`Server::start`] with `env` set in its environment.
+    pub fn start_with(
+        server: &Path,
+        model: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Server {
         let port = super::free_port();
         let log = std::env::temp_dir().join(format!("llama-server-{port}.log"));
         let file = std::fs::File::create(&log).unwrap();
@@ -41,6 +51,7 @@ impl Server {
                 "-lv",
                 "4",
             ])
+            .envs(env.iter().copied())
             .stdout(file.try_clone().unwrap())
             .stderr(Stdio::from(file))
             .spawn()
