@@ -10,7 +10,7 @@ use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::{Header, TensorInfo};
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
-use attention::{Unfused, attention_rows};
+use attention::{Unfused, attention_rows, copied_back};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -99,6 +99,8 @@ pub(super) struct Model {
     /// Each block's attention projections under flash attention (`attention::projections`);
     /// 0 where the block does not attend.
     projections: Vec<u128>,
+    /// Each block's key and value rows the host keeps under op offload (`attention::copied_back`).
+    copied_back: Vec<u128>,
     /// An attention layer's buffers without flash attention; None without attention.
     unfused: Option<Unfused>,
     parts: Parts,
@@ -124,6 +126,7 @@ impl Model {
             tied: 0,
             last_attention: 0,
             projections: Vec::new(),
+            copied_back: Vec::new(),
             unfused: None,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
@@ -153,6 +156,7 @@ impl Model {
         }
         m.output_largest = m.output_largest.max(m.tied);
         (m.last_attention, m.projections) = attention_rows(h, &m.parts, m.ubatch);
+        m.copied_back = copied_back(h, &m.parts, m.ubatch);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
         m
     }
@@ -300,8 +304,9 @@ impl Model {
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
     ///   counted once), and the weightless operations between them follow it there, a host
     ///   layer's attention with its mask and KV cache copied in (`Model::offloaded_attention`);
-    ///   the host runs only the token-by-token graph of its layers, but for a model with
-    ///   recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
+    ///   the host runs only the token-by-token graph of its layers, keeping the key and value
+    ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
+    ///   with recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
     ///   offload rule (a local build, not the test bed's) logged every CUDA0 and host compute
     ///   buffer of testbed/gpu-check.sh's H200 runs exactly, and are what these were traced on.
     ///
@@ -410,7 +415,14 @@ impl Model {
             // The token-by-token graph (one token per slot, under the op-offload batch) stays
             // here, with its logits when the output layer does.
             let tokens = u128::from(self.parallel.min(self.ubatch));
+            let back = host
+                .layers
+                .clone()
+                .filter_map(|il| self.copied_back.get(il as usize).copied())
+                .max()
+                .unwrap_or(0);
             let mut c = inputs
+                + back
                 + u128::from(p.activations)
                     .checked_div(u128::from(self.ubatch))
                     .unwrap_or(0)

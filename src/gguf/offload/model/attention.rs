@@ -104,6 +104,48 @@ fn projections(s: &Shape, how: Projected, residual: u64) -> u128 {
     }
 }
 
+/// Under op offload, what the host's compute buffer keeps beside the graph's inputs for each
+/// block that attends, for `tokens` tokens: the GPU computes the block's key and value rows and
+/// copies them back for the host to write into its KV cache. Separate projections copy K and V
+/// each; a fused one (`attn_qkv`) copies its whole output, K and V being views of it. A copy
+/// lands in the residual row the host freed once the embeddings went to the GPU where it fits,
+/// else above the inputs. Traced over rpc-server devices given CUDA's offload rule
+/// (`Kcur-0 (view)`, `Vcur-0 (view)` among a CPU split's inputs): llama 0 (both fit), gemma3
+/// and qwen3moe one row, phi3 its fused rows (5.25 MiB at 896 wide), each within 1% of the
+/// logged host buffer. Zero for a block without such projections (latent attention, recurrent
+/// layers) or whose shapes the header lacks.
+pub(super) fn copied_back(h: &Header, p: &Parts, tokens: u64) -> Vec<u128> {
+    let hp = Hp::new(h);
+    let how = Projected::of(h, p.kv.len());
+    let r = u128::from(p.residual);
+    p.kv.iter()
+        .zip(how)
+        .enumerate()
+        .map(|(il, (kv, how))| {
+            let Some(s) = Shape::of(&hp, il as u64, tokens) else {
+                return 0;
+            };
+            if *kv == 0 || s.heads_kv == 0 {
+                return 0;
+            }
+            let copies = match how {
+                Projected::Fused => vec![s.q + s.k + s.v],
+                Projected::Apart => vec![s.k, s.v],
+                Projected::Neither => return 0,
+            };
+            let (mut hole, mut above) = (r, 0u128);
+            for c in copies {
+                if c <= hole {
+                    hole -= c;
+                } else {
+                    above += c;
+                }
+            }
+            above
+        })
+        .collect()
+}
+
 /// The model's last block's attention rows (`last_attention`) and `projections` of each block
 /// that attends (its KV cache in `p`; 0 for the others), from one pass over the tensors.
 pub(super) fn attention_rows(h: &Header, p: &Parts, tokens: u64) -> (u128, Vec<u128>) {
