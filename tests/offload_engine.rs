@@ -96,7 +96,7 @@ const QUANTIZED: [(&str, &str, &str, &str); 7] = [
 /// settings without op offload every one left is an over-estimate; under op offload (CUDA's
 /// rule, which llama.cpp's own --fit does not model either) MoE blocks and latent attention
 /// running on the device for the host are not modelled yet.
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 29] = [
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 26] = [
     (
         "deepseek2-bench",
         "partial, 2 dev",
@@ -221,31 +221,10 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 29] = [
         COPIES_OVER,
     ),
     (
-        "qwen3moe-bench-qwen2-Q8_0",
-        "op offload, all host",
-        "dev0",
-        0.09,
-        MOE,
-    ),
-    (
-        "qwen3moe-bench-qwen2-Q8_0",
-        "op offload, partial",
-        "dev0",
-        0.09,
-        MOE,
-    ),
-    (
-        "deepseek2-bench-llama-bpe-Q4_K_M",
-        "op offload, all host",
-        "dev0",
-        0.24,
-        MLA,
-    ),
-    (
         "deepseek2-bench-llama-bpe-Q4_K_M",
         "op offload, partial",
         "dev0",
-        0.26,
+        0.10,
         MLA,
     ),
     (

@@ -390,9 +390,16 @@ impl Model {
                 c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             if d == 0 && op_offload {
+                // A host MoE block's FFN copies its gate and up experts in for two splits in a
+                // row, both alive below the next attention's copies.
+                let experts = if self.moe(host) {
+                    u128::from(largest)
+                } else {
+                    0
+                };
                 c = c
                     .max(block + all_masks + u128::from(p.scaled))
-                    .max(self.offloaded_attention(host))
+                    .max(self.offloaded_attention(host) + experts)
                     + u128::from(largest);
                 if host.output {
                     c += logits;
@@ -453,7 +460,10 @@ impl Model {
     /// (`Model::host_runs_prompts`).
     fn offloaded_attention(&self, host: &HostShare) -> u128 {
         let p = &self.parts;
-        let rows = u128::from(p.ffn).saturating_sub(u128::from(p.residual));
+        // The rows below: the FFN phase's, or latent attention's where that is larger (memory's
+        // activations); a hybrid's scan phase is not among them.
+        let phase = if self.hybrid() { p.ffn } else { p.activations };
+        let rows = u128::from(phase).saturating_sub(u128::from(p.residual));
         let layers = if self.hybrid() {
             host.layers.end.saturating_sub(1).max(host.layers.start)..host.layers.end
         } else {
