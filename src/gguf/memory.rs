@@ -183,8 +183,9 @@ pub(crate) struct Parts {
     pub mask_layers: Vec<Mask>,
     /// One ubatch of the residual stream (n_embd f32 per token).
     pub residual: u64,
-    /// The FFN phase of `activations` alone (dense or MoE; no scan, no latent attention): what
-    /// an attending layer keeps alive around its attention.
+    /// The FFN phase of `activations` alone (dense or MoE; no scan, no latent attention): the
+    /// rows a hybrid model's host layer leaves below its attention's copies on a GPU under op
+    /// offload (`offload`), where the scan phase is not alive.
     pub ffn: u64,
     /// One ubatch of scaled token embeddings where the first block runs (`SCALED_EMBEDDINGS`).
     pub scaled: u64,

@@ -307,8 +307,9 @@ impl Model {
     ///   the host runs only the token-by-token graph of its layers, keeping the key and value
     ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
     ///   with recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
-    ///   offload rule (a local build, not the test bed's) logged every CUDA0 and host compute
-    ///   buffer of testbed/gpu-check.sh's H200 runs exactly, and are what these were traced on.
+    ///   offload rule (testbed/rpc-offload.py) logged every CUDA0 and host compute buffer of
+    ///   testbed/gpu-check.sh's H200 runs exactly; these were traced on them, and
+    ///   tests/offload_engine.rs holds the placement to them.
     ///
     /// Without GPUs it is `memory`'s compute figure.
     fn compute(
@@ -449,11 +450,11 @@ impl Model {
     /// whole KV cache, the views flash attention reads, since the KV cache stays in host
     /// memory (`## SPLIT` inputs `cache_k_l0 (view)`, `cache_v_l0 (view)`, `attn_inp_kq_mask`
     /// in llama-server's `GGML_SCHED_DEBUG` log). Those land above the layer's rows, which
-    /// the FFN phase before them bounds (`memory::Parts::ffn`, without the residual): over
-    /// RPC devices given CUDA's offload rule, which then logged every CUDA0 compute buffer of
-    /// testbed/gpu-check.sh exactly, the largest host layer's copy on top of that bound was
-    /// within 1% of the engine for llama at 8192 cells and up to 24% above it elsewhere (the
-    /// copies partly fit in the rows' holes), never below, from 4096 to 32768 cells.
+    /// memory's activations before them bound (the FFN phase, or latent attention's; without
+    /// the residual). Over RPC devices given CUDA's offload rule: within 1% for the H200's
+    /// llama at 8192 cells, above elsewhere where the copies partly fit in the rows' holes
+    /// (up to 1.7x, phi3's F16 model), below for latent attention and the tiny MoE model
+    /// (tests/offload_engine.rs lists each with its bound).
     ///
     /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
     /// run: the hybrid granite model ran its other host layers' attention on the CPU
@@ -565,9 +566,8 @@ impl Model {
         let (repack, tier) = self.host_repack(h, &devices, &host);
         host.repack = repack;
         if !split.is_empty() {
-            let recurrent = self.parts.recurrent.iter().any(|b| *b > 0);
             host.runtime = self.backend.runtime_host
-                + if recurrent {
+                + if self.hybrid() {
                     self.backend.runtime_host_recurrent
                 } else {
                     0
