@@ -602,6 +602,20 @@ impl Table {
         )
     }
 
+    /// Whether the engine turned flash attention off, as its `log` says; the placement must say
+    /// the same.
+    fn flash_attention_off(&mut self, at: &str, log: &str, p: &Placement) -> bool {
+        let off = log.contains("Flash Attention not supported, set to disabled");
+        if off != p.flash_attention_off {
+            self.failures.push(format!(
+                "{at}: the engine turned flash attention {}, the placement says {}",
+                if off { "off" } else { "on" },
+                if p.flash_attention_off { "off" } else { "on" }
+            ));
+        }
+        off
+    }
+
     fn print(&self) {
         println!("{}", self.lines.join("\n"));
     }
@@ -646,17 +660,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
             let peak = peak_rss(s.child.id());
             let b = Buffers::parse(&s.log_text());
             let (set, at) = (setting.name(), format!("{name} {}", setting.name()));
-            // The engine says when it turns flash attention off; the placement must say so too.
-            let fa_off = s
-                .log_text()
-                .contains("Flash Attention not supported, set to disabled");
-            if fa_off != p.flash_attention_off {
-                t.failures.push(format!(
-                    "{at}: the engine turned flash attention {}, the placement says {}",
-                    if fa_off { "off" } else { "on" },
-                    if p.flash_attention_off { "off" } else { "on" }
-                ));
-            }
+            let fa_off = t.flash_attention_off(&at, &s.log_text(), &p);
             let dagger = if fa_off { "†" } else { "" };
             for (i, (d, dev)) in p.devices.iter().zip(servers).enumerate() {
                 let what = format!("{at} device {i}");
@@ -785,16 +789,7 @@ async fn a_gpu_that_runs_the_hosts_prompt_holds_the_placements_compute() {
             s.ready(&http).await;
             let b = Buffers::parse(&s.log_text());
             let at = format!("{name} {set}");
-            let fa_off = s
-                .log_text()
-                .contains("Flash Attention not supported, set to disabled");
-            if fa_off != p.flash_attention_off {
-                t.failures.push(format!(
-                    "{at}: the engine turned flash attention {}, the placement says {}",
-                    if fa_off { "off" } else { "on" },
-                    if p.flash_attention_off { "off" } else { "on" }
-                ));
-            }
+            let fa_off = t.flash_attention_off(&at, &s.log_text(), &p);
             let dagger = if fa_off { "†" } else { "" };
             let d = &p.devices[0];
             let ep = &device[0].endpoint;

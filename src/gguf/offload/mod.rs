@@ -31,6 +31,8 @@ mod fit;
 mod message;
 mod model;
 #[cfg(test)]
+mod op_offload_tests;
+#[cfg(test)]
 mod rpc_tests;
 #[cfg(test)]
 mod tests;

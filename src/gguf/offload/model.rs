@@ -5,10 +5,12 @@
 use std::ops::Range;
 
 mod attention;
+mod host;
+mod op_offload;
 
 use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
-use crate::gguf::header::{Header, TensorInfo};
+use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
 use attention::{Unfused, attention_rows, copied_back};
 
@@ -445,60 +447,6 @@ impl Model {
         };
     }
 
-    /// Under op offload, the first GPU's peak while it runs a host layer's attention: the
-    /// engine copies in the mask that layer reads (kept until its last reader) and the layer's
-    /// whole KV cache, the views flash attention reads, since the KV cache stays in host
-    /// memory (`## SPLIT` inputs `cache_k_l0 (view)`, `cache_v_l0 (view)`, `attn_inp_kq_mask`
-    /// in llama-server's `GGML_SCHED_DEBUG` log). Those land above the layer's rows, which
-    /// memory's activations before them bound (the FFN phase, or latent attention's; without
-    /// the residual). Over RPC devices given CUDA's offload rule: within 1% for the H200's
-    /// llama at 8192 cells, above elsewhere where the copies partly fit in the rows' holes
-    /// (up to 1.7x, phi3's F16 model), below for latent attention and the tiny MoE model
-    /// (tests/offload_engine.rs lists each with its bound).
-    ///
-    /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
-    /// run: the hybrid granite model ran its other host layers' attention on the CPU
-    /// (`Model::host_runs_prompts`).
-    fn offloaded_attention(&self, host: &HostShare) -> u128 {
-        let p = &self.parts;
-        // The rows below: the FFN phase's, or latent attention's where that is larger (memory's
-        // activations); a hybrid's scan phase is not among them.
-        let phase = if self.hybrid() { p.ffn } else { p.activations };
-        let rows = u128::from(phase).saturating_sub(u128::from(p.residual));
-        let layers = if self.hybrid() {
-            host.layers.end.saturating_sub(1).max(host.layers.start)..host.layers.end
-        } else {
-            host.layers.clone()
-        };
-        layers
-            .filter_map(|il| {
-                let i = il as usize;
-                let mask = match p.mask_layers.get(i)? {
-                    Mask::Full => p.mask_full,
-                    Mask::Window => p.mask_window,
-                    Mask::None => return None,
-                };
-                Some(rows + u128::from(mask) + u128::from(*p.kv.get(i)?))
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Whether any layer keeps a recurrent state.
-    fn hybrid(&self) -> bool {
-        self.parts.recurrent.iter().any(|b| *b > 0)
-    }
-
-    /// Under op offload, whether the host runs its layers' prompt itself: in a model with
-    /// recurrent layers the scheduler left rows of the host's layers at the prompt's width on
-    /// the CPU, its attention's among them (granitehybrid over RPC devices given CUDA's
-    /// offload rule, which matched CUDA0 on an H200: the host's compute 5.5 MiB above the
-    /// token-by-token graph from 4096 to 16384 cells, whether the host's layers attend or
-    /// not). The CPU's own compute figure, a layer's prompt, bounds it.
-    fn host_runs_prompts(&self, host: &HostShare) -> bool {
-        self.hybrid() && !host.layers.is_empty()
-    }
-
     /// Whether the host's last block is a MoE layer (`memory::Parts::moe_tail`).
     fn moe(&self, host: &HostShare) -> bool {
         let p = &self.parts;
@@ -602,76 +550,6 @@ impl Model {
             fallback: self.parts.estimate.fallback,
             flash_attention_off,
         }
-    }
-
-    /// Whether the host holds tensors of layer `home`.
-    fn on_host(home: &Home, host: &HostShare) -> bool {
-        match home {
-            Home::Input => true,
-            Home::Output => host.output,
-            Home::Layer(il) => host.layers.contains(&(*il as u32)),
-        }
-    }
-
-    /// The repack of the tensors left in host memory (the engine repacks only CPU buffers),
-    /// and its tier; none beside GPUs with a host buffer type (`Backend::host_buffer`); no tier
-    /// when no GPU holds anything (then it is `memory`'s).
-    fn host_repack(
-        &self,
-        h: &Header,
-        devices: &[DeviceShare],
-        host: &HostShare,
-    ) -> (u64, Option<repack::Tier>) {
-        if self.backend.host_buffer && !devices.is_empty() {
-            return (0, Some(repack::Tier::None));
-        }
-        if devices.iter().all(|d| d.layers.is_empty() && !d.output) {
-            return (self.parts.estimate.repack, None);
-        }
-        let n = self.n_layer as usize;
-        let mut tensors: Vec<TensorInfo> = h
-            .tensors
-            .iter()
-            .filter(|t| Self::on_host(&home(&t.name, n), host))
-            .cloned()
-            .collect();
-        if !host.output {
-            // The output is on a GPU: an empty stand-in keeps `repack` from taking the host's
-            // token_embd for the CPU's output copy of tied embeddings.
-            tensors.push(TensorInfo {
-                name: "output.weight".into(),
-                dims: vec![0],
-                ggml_type: 0,
-                offset: 0,
-            });
-        }
-        let host_only = Header {
-            version: h.version,
-            metadata: Default::default(),
-            tensors,
-            alignment: h.alignment,
-            data_offset: h.data_offset,
-        };
-        let (bytes, tier, _) = repack::largest(&host_only, self.cpu);
-        (bytes, Some(tier))
-    }
-
-    /// The file range the engine maps for the host's weights (`CPU_Mapped`): from the first to
-    /// the last host tensor it does not repack. The loader reads the GPUs' tensors through the
-    /// same mapping and unmaps only what lies outside that range, so the GPUs' tensors between
-    /// the host's stay resident with them.
-    fn host_mapped(&self, h: &Header, host: &HostShare, tier: repack::Tier) -> u64 {
-        let n = self.n_layer as usize;
-        let (mut first, mut last) = (u64::MAX, 0u64);
-        for t in &h.tensors {
-            if !Self::on_host(&home(&t.name, n), host) || repack::is_repacked(t, tier, false) {
-                continue;
-            }
-            let bytes = memory::tensor_bytes(t).unwrap_or(0);
-            first = first.min(t.offset);
-            last = last.max(t.offset.saturating_add(bytes));
-        }
-        last.saturating_sub(first)
     }
 }
 

@@ -170,8 +170,8 @@ fn tied_embeddings_are_copied_to_the_gpu_that_holds_the_output() {
     );
 }
 
-#[test]
-fn kv_cache_and_recurrent_state_live_with_their_layer() {
+/// A granitehybrid-shaped model: three mamba2 blocks, then one attending block.
+pub(super) fn hybrid() -> Model {
     let mut m = Model::llama(4, 16 * MIB);
     m.arch = "granitehybrid";
     m.kv = vec![
@@ -182,7 +182,12 @@ fn kv_cache_and_recurrent_state_live_with_their_layer() {
         ("ssm.state_size", Value::U32(128)),
         ("ssm.group_count", Value::U32(1)),
     ];
-    let h = m.header();
+    m
+}
+
+#[test]
+fn kv_cache_and_recurrent_state_live_with_their_layer() {
+    let h = hybrid().header();
     let f = flags(4096, 2);
     let e = estimate(&h, &f);
     assert!(e.kv > 0 && e.recurrent > 0);
@@ -249,21 +254,6 @@ fn the_host_repacks_only_the_weights_it_keeps() {
     let cpu = place_on(&h, &f, 0, &[1.0], Backend::RPC).unwrap();
     assert_eq!(cpu.host.repack, all);
     assert_eq!(place(&h, &f, 0, &[]).unwrap().host.repack, all, "no GPU");
-}
-
-#[test]
-fn beside_cuda_nothing_on_the_host_is_repacked() {
-    let h = Model::llama(4, 64 * MIB).header();
-    let f = Flags {
-        cpu: repack::Tiers::ANY,
-        ..flags(4096, 1)
-    };
-    // CUDA_Host comes before the CPU's repack buffers in the host's list, even at -ngl 0.
-    let cuda = place(&h, &f, 0, &[1.0]).unwrap();
-    let rpc = place_on(&h, &f, 0, &[1.0], Backend::RPC).unwrap();
-    assert!(rpc.host.repack > 0);
-    assert_eq!(cuda.host.repack, 0);
-    assert_eq!(cuda.host.weights, rpc.host.weights);
 }
 
 #[test]
@@ -579,50 +569,4 @@ fn a_header_without_shapes_is_placed_roughly_and_says_so() {
         d.message(&gpus(&[24 * GIB]))
             .ends_with("(rough: the header lacks the model's shapes)")
     );
-}
-
-#[test]
-fn under_op_offload_the_gpu_copies_in_a_host_layers_kv_cache_and_mask_for_its_attention() {
-    let h = Model::llama(4, 16 * MIB).header();
-    let (short, long) = (flags(4096, 1), flags(32768, 1));
-    let (ps, pl) = (
-        crate::gguf::memory::parts(&h, &short),
-        crate::gguf::memory::parts(&h, &long),
-    );
-    let grown = (pl.kv[0] - ps.kv[0]) + (pl.mask_full - ps.mask_full);
-    let cuda = |f: &Flags| place(&h, f, 3, &[1.0]).unwrap().devices[0].compute;
-    let rpc = |f: &Flags| place_on(&h, f, 3, &[1.0], Backend::RPC).unwrap().devices[0].compute;
-    // The host's KV cache grows with the context, and a CUDA GPU's compute buffer with it.
-    assert_eq!(cuda(&long) - cuda(&short), grown);
-    assert!(
-        rpc(&long) - rpc(&short) < grown,
-        "RPC devices run only their own layers"
-    );
-    // Fully offloaded, nothing is copied in.
-    let full = |f: &Flags| place(&h, f, 5, &[1.0]).unwrap().devices[0].compute;
-    assert!(full(&long) - full(&short) < grown);
-}
-
-#[test]
-fn under_op_offload_a_hybrid_models_host_runs_its_layers_prompt() {
-    let mut m = Model::llama(4, 16 * MIB);
-    m.arch = "granitehybrid";
-    m.kv = vec![
-        ("attention.head_count", Value::U32(8)),
-        ("attention.head_count_kv", write::u32s(&[0, 0, 0, 2])),
-        ("ssm.conv_kernel", Value::U32(4)),
-        ("ssm.inner_size", Value::U32(2048)),
-        ("ssm.state_size", Value::U32(128)),
-        ("ssm.group_count", Value::U32(1)),
-    ];
-    let h = m.header();
-    let f = flags(4096, 2);
-    // Two recurrent blocks on the host, the attention block and the output on the GPU.
-    let p = place(&h, &f, 3, &[1.0]).unwrap();
-    assert_eq!(p.host.layers, 0..2);
-    assert_eq!(p.host.compute, estimate(&h, &f).compute);
-    // The attention-only llama's host keeps only the token-by-token graph.
-    let llama = Model::llama(4, 16 * MIB).header();
-    let q = place(&llama, &f, 3, &[1.0]).unwrap();
-    assert!(q.host.compute < estimate(&llama, &f).compute);
 }

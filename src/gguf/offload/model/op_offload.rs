@@ -1,0 +1,62 @@
+//! What a GPU takes over from the host under op offload, and what the host keeps of it: a host
+//! layer's attention with its copies on the first GPU, and a hybrid model's prompt rows on the
+//! host (`Model::compute` uses them).
+
+use super::{HostShare, Model};
+use crate::gguf::memory::Mask;
+
+impl Model {
+    /// Under op offload, the first GPU's peak while it runs a host layer's attention: the
+    /// engine copies in the mask that layer reads (kept until its last reader) and the layer's
+    /// whole KV cache, the views flash attention reads, since the KV cache stays in host
+    /// memory (`## SPLIT` inputs `cache_k_l0 (view)`, `cache_v_l0 (view)`, `attn_inp_kq_mask`
+    /// in llama-server's `GGML_SCHED_DEBUG` log). Those land above the layer's rows, which
+    /// memory's activations before them bound (the FFN phase, or latent attention's; without
+    /// the residual). Over RPC devices given CUDA's offload rule: within 1% for the H200's
+    /// llama at 8192 cells, above elsewhere where the copies partly fit in the rows' holes
+    /// (up to 1.7x, phi3's F16 model), below for latent attention and the tiny MoE model
+    /// (tests/offload_engine.rs lists each with its bound).
+    ///
+    /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
+    /// run: the hybrid granite model ran its other host layers' attention on the CPU
+    /// (`Model::host_runs_prompts`).
+    pub(super) fn offloaded_attention(&self, host: &HostShare) -> u128 {
+        let p = &self.parts;
+        // The rows below: the FFN phase's, or latent attention's where that is larger (memory's
+        // activations); a hybrid's scan phase is not among them.
+        let phase = if self.hybrid() { p.ffn } else { p.activations };
+        let rows = u128::from(phase).saturating_sub(u128::from(p.residual));
+        let layers = if self.hybrid() {
+            host.layers.end.saturating_sub(1).max(host.layers.start)..host.layers.end
+        } else {
+            host.layers.clone()
+        };
+        layers
+            .filter_map(|il| {
+                let i = il as usize;
+                let mask = match p.mask_layers.get(i)? {
+                    Mask::Full => p.mask_full,
+                    Mask::Window => p.mask_window,
+                    Mask::None => return None,
+                };
+                Some(rows + u128::from(mask) + u128::from(*p.kv.get(i)?))
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub(super) fn hybrid(&self) -> bool {
+        self.parts.recurrent.iter().any(|b| *b > 0)
+    }
+
+    /// Under op offload, whether the host runs its layers' prompt itself: in a model with
+    /// recurrent layers the scheduler left rows of the host's layers at the prompt's width on
+    /// the CPU, its attention's among them (granitehybrid over RPC devices given CUDA's
+    /// offload rule, which matched CUDA0 on an H200: the host's compute 5.5 MiB above the
+    /// token-by-token graph from 4096 to 16384 cells, whether the host's layers attend or
+    /// not). The CPU's own compute figure, a layer's prompt, bounds it.
+    pub(super) fn host_runs_prompts(&self, host: &HostShare) -> bool {
+        self.hybrid() && !host.layers.is_empty()
+    }
+}
