@@ -32,9 +32,9 @@ start=$(date +%s)
 # compile AVX, AVX2, FMA, F16C and BMI2 (not AVX-512), so the CPU repack of Q4_0, Q4_K, IQ4_NL
 # and MXFP4 is in. No curl, no SSL, no web UI download: the test bed reaches no network.
 # GGML_RPC=ON for every tool: llama-server then takes --rpc (each rpc-server is a device), and
-# the tools share all of ggml and libllama, so CI compiles llama.cpp once. The RPC client's
-# opt-in op offload (rpc-offload.py) changes nothing unless MODELSERVE_RPC_OFFLOAD is set.
-# The RPC client gets an opt-in op offload (testbed/rpc-offload.py), in a copy of the sources.
+# the tools share all of ggml and libllama, so CI compiles llama.cpp once. A copy of the sources
+# gets the RPC client's opt-in op offload (rpc-offload.py), which changes nothing unless
+# MODELSERVE_RPC_OFFLOAD is set in llama-server's environment.
 cp -r "$sdist/vendor/llama.cpp" "$build/src" || fail "copying the llama.cpp sources"
 python3 "$here/rpc-offload.py" "$build/src" || fail "adding the RPC op offload"
 cmake -S "$build/src" -B "$build/out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
