@@ -12,7 +12,7 @@ use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
-use attention::{Unfused, attention_rows, copied_back};
+use attention::{Unfused, attention_rows};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -157,8 +157,9 @@ impl Model {
             }
         }
         m.output_largest = m.output_largest.max(m.tied);
-        (m.last_attention, m.projections) = attention_rows(h, &m.parts, m.ubatch);
-        m.copied_back = copied_back(h, &m.parts, m.ubatch);
+        let rows = attention_rows(h, &m.parts, m.ubatch);
+        (m.last_attention, m.projections, m.copied_back) =
+            (rows.last, rows.projections, rows.copied_back);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
         m
     }
@@ -515,7 +516,7 @@ impl Model {
         host.repack = repack;
         if !split.is_empty() {
             host.runtime = self.backend.runtime_host
-                + if self.hybrid() {
+                + if self.any_recurrent() {
                     self.backend.runtime_host_recurrent
                 } else {
                     0

@@ -105,7 +105,7 @@ fn projections(s: &Shape, how: Projected, residual: u64) -> u128 {
 }
 
 /// Under op offload, what the host's compute buffer keeps beside the graph's inputs for each
-/// block that attends, for `tokens` tokens: the GPU computes the block's key and value rows and
+/// block that attends, for the shape's tokens: the GPU computes the block's key and value rows and
 /// copies them back for the host to write into its KV cache. Separate projections copy K and V
 /// each; a fused one (`attn_qkv`) copies its whole output, K and V being views of it. A copy
 /// lands in the residual row the host freed once the embeddings went to the GPU where it fits,
@@ -114,56 +114,57 @@ fn projections(s: &Shape, how: Projected, residual: u64) -> u128 {
 /// and qwen3moe one row, phi3 its fused rows (5.25 MiB at 896 wide), each within 1% of the
 /// logged host buffer. Zero for a block without such projections (latent attention, recurrent
 /// layers) or whose shapes the header lacks.
-pub(super) fn copied_back(h: &Header, p: &Parts, tokens: u64) -> Vec<u128> {
-    let hp = Hp::new(h);
-    let how = Projected::of(h, p.kv.len());
-    let r = u128::from(p.residual);
-    p.kv.iter()
-        .zip(how)
-        .enumerate()
-        .map(|(il, (kv, how))| {
-            let Some(s) = Shape::of(&hp, il as u64, tokens) else {
-                return 0;
-            };
-            if *kv == 0 || s.heads_kv == 0 {
-                return 0;
-            }
-            let copies = match how {
-                Projected::Fused => vec![s.q + s.k + s.v],
-                Projected::Apart => vec![s.k, s.v],
-                Projected::Neither => return 0,
-            };
-            let (mut hole, mut above) = (r, 0u128);
-            for c in copies {
-                if c <= hole {
-                    hole -= c;
-                } else {
-                    above += c;
-                }
-            }
-            above
-        })
-        .collect()
+fn copied_back(s: &Shape, how: Projected, residual: u64) -> u128 {
+    let copies = match how {
+        _ if s.heads_kv == 0 => return 0,
+        Projected::Fused => [s.q + s.k + s.v, 0],
+        Projected::Apart => [s.k, s.v],
+        Projected::Neither => return 0,
+    };
+    let (mut hole, mut above) = (u128::from(residual), 0u128);
+    for c in copies {
+        if c <= hole {
+            hole -= c;
+        } else {
+            above += c;
+        }
+    }
+    above
 }
 
-/// The model's last block's attention rows (`last_attention`) and `projections` of each block
-/// that attends (its KV cache in `p`; 0 for the others), from one pass over the tensors.
-pub(super) fn attention_rows(h: &Header, p: &Parts, tokens: u64) -> (u128, Vec<u128>) {
+/// The model's attention rows, from one pass over the tensors.
+pub(super) struct Rows {
+    /// The last block's attention rows (`last_attention`).
+    pub last: u128,
+    /// Each block's `projections` (0 where it does not attend: no KV cache in the parts).
+    pub projections: Vec<u128>,
+    /// Each block's rows the host keeps under op offload (`copied_back`; 0 likewise).
+    pub copied_back: Vec<u128>,
+}
+
+pub(super) fn attention_rows(h: &Header, p: &Parts, tokens: u64) -> Rows {
     let hp = Hp::new(h);
     let how = Projected::of(h, p.kv.len());
     let last = last_attention(&hp, &how, tokens, p.residual);
-    let projections =
+    let (projections, copied_back) =
         p.kv.iter()
             .zip(how)
             .enumerate()
             .map(
                 |(il, (kv, how))| match (kv, Shape::of(&hp, il as u64, tokens)) {
-                    (0, _) | (_, None) => 0,
-                    (_, Some(s)) => projections(&s, how, p.residual),
+                    (0, _) | (_, None) => (0, 0),
+                    (_, Some(s)) => (
+                        projections(&s, how, p.residual),
+                        copied_back(&s, how, p.residual),
+                    ),
                 },
             )
-            .collect();
-    (last, projections)
+            .unzip();
+    Rows {
+        last,
+        projections,
+        copied_back,
+    }
 }
 
 /// A layer's heads and its query, key and value rows for a ubatch.

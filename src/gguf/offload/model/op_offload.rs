@@ -24,9 +24,13 @@ impl Model {
         let p = &self.parts;
         // The rows below: the FFN phase's, or latent attention's where that is larger (memory's
         // activations); a hybrid's scan phase is not among them.
-        let phase = if self.hybrid() { p.ffn } else { p.activations };
+        let phase = if self.any_recurrent() {
+            p.ffn
+        } else {
+            p.activations
+        };
         let rows = u128::from(phase).saturating_sub(u128::from(p.residual));
-        let layers = if self.hybrid() {
+        let layers = if self.any_recurrent() {
             host.layers.end.saturating_sub(1).max(host.layers.start)..host.layers.end
         } else {
             host.layers.clone()
@@ -46,7 +50,7 @@ impl Model {
     }
 
     /// Whether any layer keeps a recurrent state.
-    pub(super) fn hybrid(&self) -> bool {
+    pub(super) fn any_recurrent(&self) -> bool {
         self.parts.recurrent.iter().any(|b| *b > 0)
     }
 
@@ -57,6 +61,6 @@ impl Model {
     /// token-by-token graph from 4096 to 16384 cells, whether the host's layers attend or
     /// not). The CPU's own compute figure, a layer's prompt, bounds it.
     pub(super) fn host_runs_prompts(&self, host: &HostShare) -> bool {
-        self.hybrid() && !host.layers.is_empty()
+        self.any_recurrent() && !host.layers.is_empty()
     }
 }
