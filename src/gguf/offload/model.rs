@@ -105,6 +105,9 @@ pub(super) struct Model {
     copied_back: Vec<u128>,
     /// An attention layer's buffers without flash attention; None without attention.
     unfused: Option<Unfused>,
+    /// Whether a device keeps the hole its split's input leaves below the FFN rows
+    /// (`Model::keeps_input_hole`).
+    input_hole: bool,
     parts: Parts,
     /// The settings as `memory` bounds them.
     ubatch: u64,
@@ -130,6 +133,7 @@ impl Model {
             projections: Vec::new(),
             copied_back: Vec::new(),
             unfused: None,
+            input_hole: false,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
             parallel: f.parallel.clamp(1, MAX_SLOTS),
@@ -137,7 +141,9 @@ impl Model {
             backend,
         };
         let has_output = h.tensors.iter().any(|t| t.name == "output.weight");
+        let mut gated = false;
         for t in &h.tensors {
+            gated |= t.name.ends_with(".ffn_gate.weight");
             let b = memory::tensor_bytes(t).unwrap_or(0);
             match home(&t.name, n) {
                 Home::Input => {
@@ -161,7 +167,23 @@ impl Model {
         (m.last_attention, m.projections, m.copied_back) =
             (rows.last, rows.projections, rows.copied_back);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
+        m.input_hole = m.keeps_input_hole(gated);
         m
+    }
+
+    /// Whether a device outside a pipeline keeps, at its peak, the hole that its split's input
+    /// (the residual rows copied in) leaves when its first layer frees it: a dense model whose
+    /// FFN has a gate (llama, qwen2, mistral, ...) keeps its FFN input and norm in other
+    /// residual-wide places, and its gate, up and product rows, wider than the hole, go above
+    /// them, so the device peaks at the CPU's own figure (GGML_ALLOCATOR_DEBUG's layouts of
+    /// llama-server over an rpc-server device: 8 of 8 llama shapes of widths 64 to 512 and
+    /// n_ff of 2x to 4x, each one residual row above `memory`'s activations less the
+    /// embeddings input). A fused up projection (phi3) takes the hole for its norm, a model
+    /// scaling its embeddings counts the row as `memory::Parts::scaled`, and MoE blocks,
+    /// latent attention and recurrent layers lay their rows out otherwise.
+    fn keeps_input_hole(&self, gated: bool) -> bool {
+        let p = &self.parts;
+        gated && p.moe_tail == 0 && p.latent_compute == 0 && p.scaled == 0 && !self.any_recurrent()
     }
 
     /// The GPU of layer `il` (the output layer is `n_layer`), as `get_layer_buft_list` picks
@@ -354,6 +376,8 @@ impl Model {
             // (`inp_out_ids`), so the attention sets the peak.
             let phase = if self.last_only(&s.layers) {
                 self.last_attention
+            } else if self.input_hole && !pipeline {
+                block + residual
             } else {
                 block
             };

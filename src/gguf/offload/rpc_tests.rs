@@ -43,6 +43,41 @@ fn a_device_with_only_the_output_layer_needs_only_the_logits_and_their_rows() {
 }
 
 #[test]
+fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
+    // llama-server over an rpc-server device (GGML_ALLOCATOR_DEBUG): the split's input, freed
+    // by the first layer, leaves a residual-wide hole below the gate, up and product rows.
+    let (plain, gated) = (Model::llama(4, 64 * MIB), Model::llama(4, 64 * MIB).gated());
+    let f = flags(4096, 1);
+    let p = model_parts(&gated);
+    assert_eq!(p.activations, model_parts(&plain).activations);
+    let one = |m: &Model, ngl, split: &[f64]| place_on(&m.header(), &f, ngl, split, Backend::RPC);
+    let (with, without) = (
+        one(&gated, 5, &[1.0]).unwrap(),
+        one(&plain, 5, &[1.0]).unwrap(),
+    );
+    assert_eq!(
+        with.devices[0].compute,
+        p.activations + p.masks,
+        "the CPU's own peak"
+    );
+    assert_eq!(
+        without.devices[0].compute + p.residual,
+        with.devices[0].compute
+    );
+    // A partial offload's device takes the host's rows as its input: the same hole.
+    let partial = one(&gated, 3, &[1.0]).unwrap();
+    assert_eq!(partial.devices[0].layers, 2..4);
+    assert_eq!(partial.devices[0].compute, p.activations + p.masks);
+    // A pipeline keeps its inputs, so leaves no hole.
+    let (a, b) = (
+        one(&gated, 5, &[1.0, 1.0]).unwrap(),
+        one(&plain, 5, &[1.0, 1.0]).unwrap(),
+    );
+    let compute = |p: &Placement| p.devices.iter().map(|d| d.compute).collect::<Vec<_>>();
+    assert_eq!(compute(&a), compute(&b));
+}
+
+#[test]
 fn the_host_keeps_the_graphs_inputs_and_the_pipeline_four_copies() {
     let m = Model::llama(4, 64 * MIB);
     let (h, f, p) = (m.header(), flags(4096, 1), model_parts(&m));

@@ -27,6 +27,8 @@ pub(super) struct Model {
     blocks: u64,
     block: u64,
     tied: bool,
+    /// Whether each block's FFN has a gate (`blk.N.ffn_gate.weight`, a small f32 one).
+    gated: bool,
     pub(super) kv: Vec<(&'static str, Value)>,
 }
 
@@ -37,6 +39,7 @@ impl Model {
             blocks,
             block,
             tied: false,
+            gated: false,
             kv: vec![
                 ("attention.head_count", Value::U32(8)),
                 ("attention.head_count_kv", Value::U32(8)),
@@ -46,6 +49,11 @@ impl Model {
 
     pub(super) fn tied(mut self) -> Model {
         self.tied = true;
+        self
+    }
+
+    pub(super) fn gated(mut self) -> Model {
+        self.gated = true;
         self
     }
 
@@ -73,6 +81,9 @@ impl Model {
             tensors.push((format!("blk.{il}.attn_norm.weight"), vec![N_EMBD], 0));
             let rest = (self.block - N_EMBD * 4) / 4 / N_EMBD;
             tensors.push((format!("blk.{il}.ffn_up.weight"), vec![N_EMBD, rest], 0));
+            if self.gated {
+                tensors.push((format!("blk.{il}.ffn_gate.weight"), vec![N_EMBD], 0));
+            }
         }
         let kv_refs: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         let t_refs: Vec<(&str, &[u64], u32)> = tensors
