@@ -92,22 +92,11 @@ const QUANTIZED: [(&str, &str, &str, &str); 7] = [
 /// offload settings 2026-12-04), and the most each may be off (estimate / engine - 1, either
 /// way), so that a change for the worse fails: (model file prefix, setting, where, most, what
 /// is not modelled). Under-estimates are the ones that would matter (a device's share is then
-/// short by that much of its headroom, a pod's memory by that much of the host part): in the
-/// settings without op offload every one left is an over-estimate; under op offload (CUDA's
-/// rule, which llama.cpp's own --fit does not model either) MoE blocks and latent attention
-/// running on the device for the host are not modelled yet.
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 26] = [
-    (
-        "deepseek2-bench",
-        "partial, 2 dev",
-        "dev0",
-        0.075,
-        "over: MLA, partial offload: MoE blocks 2 and 3 peak in block 2's attention (traced: its \
-         input, norm, roped, plain, absorbed and joined query, the masks and a hole the host's MoE \
-         tail leaves); the estimate is memory's fitted latent phase, which the full 1-dev device \
-         reaches where block 2's output lands above its experts' rows and block 3's attention \
-         stacks over it; here it lands low, in the split input's place: the allocator's layout",
-    ),
+/// short by that much of its headroom, a pod's memory by that much of the host part): the
+/// settings without op offload have none left; under op offload (CUDA's rule, which
+/// llama.cpp's own --fit does not model either) MoE blocks and latent attention running on the
+/// device for the host are not modelled yet.
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 25] = [
     (
         "llama-tiny-f16",
         "op offload, all host",

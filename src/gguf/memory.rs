@@ -202,9 +202,11 @@ pub(crate) struct Parts {
     pub moe_tail: u64,
     /// The leading blocks of a MoE model whose FFN is dense.
     pub dense_lead: u64,
-    /// The compute figure of a buffer that runs latent attention after no MoE block
+    /// The compute figure of a buffer whose latent attention runs after one MoE block at most
     /// (`latent::Phases::traced`); 0 without it.
     pub latent_compute: u64,
+    /// Its rows alone, without the masks (a device's copy of them is counted with the device).
+    pub latent_rows: u64,
 }
 
 /// The attention mask a layer reads.
@@ -431,7 +433,12 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     let out_rows = n_out * n_embd_w * 4;
     let compute_of = |a: u128| (a + scaled + masks).max(logits + 2 * residual + out_rows);
     let compute = compute_of(activations);
-    let latent_compute = latent.map_or(0, |l| compute_of(rest.max(l.traced_bytes(ubatch))));
+    let latent_rows = latent.map_or(0, |l| rest.max(l.traced_bytes(ubatch)));
+    let latent_compute = if latent_rows > 0 {
+        compute_of(latent_rows)
+    } else {
+        0
+    };
     let head_k0 = head_k * u128::from(n_head0);
     let widest = [n_ff, n_embd_w, head_k0, n_ff_moe]
         .into_iter()
@@ -530,6 +537,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         dense_lead: bytes(u(&LEADING_DENSE)),
         scan: scan(&hp, ubatch, parallel),
         latent_compute: bytes(latent_compute),
+        latent_rows: bytes(latent_rows),
     }
 }
 

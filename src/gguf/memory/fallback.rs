@@ -53,5 +53,6 @@ pub(super) fn parts(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         dense_lead: 0,
         scan: Scan::default(),
         latent_compute: 0,
+        latent_rows: 0,
     }
 }

@@ -304,7 +304,8 @@ impl Model {
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
-    ///   attention after no MoE block (`Model::latent_unfragmented`);
+    ///   attention after one MoE block at most (`Model::latent_unfragmented`), which a device
+    ///   outside a pipeline reaches too;
     /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
     ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs, allocated first
     ///   and never freed, so still there beside the logits: the residual (the first device's
@@ -378,6 +379,8 @@ impl Model {
                 self.last_attention
             } else if self.input_hole && !pipeline {
                 block + residual
+            } else if self.latent_unfragmented(&s.layers) && !pipeline {
+                u128::from(p.latent_rows)
             } else {
                 block
             };
@@ -441,7 +444,7 @@ impl Model {
         } else if !op_offload {
             if self.hands_over_gate(host) {
                 clamp(p.scan.handing_over(residual, u128::from(self.ubatch)))
-            } else if self.latent_unfragmented(host) {
+            } else if self.latent_unfragmented(&host.layers) && !host.output {
                 p.latent_compute
             } else {
                 p.estimate.compute

@@ -554,7 +554,7 @@ fn a_hosts_only_mamba2_layer_hands_its_gate_to_the_next_devices_layer() {
 }
 
 #[test]
-fn a_host_with_latent_attention_after_no_moe_block_peaks_in_its_first_attention() {
+fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     // deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide
     // query per head), a dense block, then MoE blocks.
     let mut m = Model::llama(4, 16 * MIB);
@@ -583,8 +583,22 @@ fn a_host_with_latent_attention_after_no_moe_block_peaks_in_its_first_attention(
     let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(partial.host.layers, 0..2);
     assert_eq!(partial.host.compute, p.latent_compute);
-    // With a MoE block before another one it keeps the CPU's fitted figure.
+    // Its device runs blocks 2 and 3: one MoE block before block 3's attention, as traced.
+    assert_eq!(partial.devices[0].layers, 2..4);
+    assert_eq!(partial.devices[0].compute, p.latent_compute);
+    // One MoE block before the host's last attention still leaves it as traced.
     let more = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(more.host.layers, 0..3);
-    assert_eq!(more.host.compute, p.estimate.compute);
+    assert_eq!(more.host.compute, p.latent_compute);
+    // Two MoE blocks before an attention: the fitted figure, the CPU's, and a device's less
+    // the embeddings input only the host has.
+    let all = place_on(&h, &f, 1, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(all.host.layers, 0..4);
+    assert_eq!(all.host.compute, p.estimate.compute);
+    let most = place_on(&h, &f, 4, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(most.devices[0].layers, 1..4);
+    assert_eq!(
+        most.devices[0].compute,
+        p.activations - p.residual + p.masks
+    );
 }

@@ -338,19 +338,22 @@ impl Model {
         (a > 0 && !others.is_empty() && !others.clone().any(|il| self.attends(il))).then_some(a)
     }
 
-    /// Whether the host runs latent attention after no MoE block of its own (in a MoE model,
-    /// only its last block may be one), so that it peaks in its first attention as traced
-    /// (`memory::Parts::latent_compute`): in a partial offload of deepseek2 (the host with a
-    /// dense block then a MoE one) it logged 29.51 MiB, memory's fitted 32.0; the fitted figure
-    /// comes from the CPU alone, which peaks in a block after a MoE block.
-    pub(super) fn latent_unfragmented(&self, host: &HostShare) -> bool {
+    /// Whether latent attention in `layers` runs after one MoE block of theirs at most, so that
+    /// the buffer peaks in an attention as traced (`memory::Parts::latent_compute`), not in one
+    /// that follows two MoE blocks, which stacks above the rows they leave (memory's fitted
+    /// figure, from the CPU alone running them all). deepseek2's 4-block model over an
+    /// rpc-server device (`testbed/alloc-trace.sh`, b11312), for -ngl 0 to 5: the CPU with the
+    /// dense block and MoE blocks 1 and 2 before block 3's attention logged 33.04 MiB (fitted
+    /// 32.0), and with one MoE block before its last attention 29.51 (traced 29.51); a device
+    /// with blocks 1 to 3 31.54, with 2 and 3, or 3 alone, 28.51 (traced 29.51: the device has
+    /// no embeddings input, but a hole where its split input was).
+    pub(super) fn latent_unfragmented(&self, layers: &Range<u32>) -> bool {
         let p = &self.parts;
-        let first_moe = u64::from(host.layers.start).max(p.dense_lead);
+        let first_moe = u64::from(layers.start).max(p.dense_lead);
         p.latent_compute > 0
             && p.moe_tail > 0
-            && !host.layers.is_empty()
-            && !host.output
-            && first_moe + 1 >= u64::from(host.layers.end)
+            && !layers.is_empty()
+            && first_moe + 2 >= u64::from(layers.end)
     }
 
     fn runs_attention(&self, mut layers: Range<u32>) -> bool {
