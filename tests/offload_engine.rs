@@ -843,12 +843,12 @@ async fn a_gpu_that_runs_the_hosts_prompt_holds_the_placements_compute() {
 /// none, not even the output layer. Each size is halfway between what the placement says the
 /// device needs with the layers it should get and with one layer more, so that a compute
 /// buffer off by 5% still picks the same layers.
-fn cases(h: &Header, f: &Flags, n_layer: u32) -> Vec<(&'static str, Vec<u64>)> {
+fn cases(h: &Header, f: &Flags, n_layer: u32, on: Backend) -> Vec<(&'static str, Vec<u64>)> {
     let all = n_layer + 1;
     let need = |counts: &[u32], id: usize| -> u64 {
         let split: Vec<f64> = counts.iter().map(|c| f64::from(*c)).collect();
         let ngl = counts.iter().sum();
-        place_on(h, f, ngl, &split, Backend::RPC).unwrap().devices[id].total
+        place_on(h, f, ngl, &split, on).unwrap().devices[id].total
     };
     let halfway = |counts: &[u32], id: usize| -> u64 {
         let mut more = counts.to_vec();
@@ -872,13 +872,13 @@ fn cases(h: &Header, f: &Flags, n_layer: u32) -> Vec<(&'static str, Vec<u64>)> {
 /// said so in its log: its trial loads then size the compute buffers as with it on (the need
 /// it logs for that count is below the next count's), so it keeps a layer that decide_on gives
 /// back to keep flash attention on.
-fn keeps_unfused(h: &Header, f: &Flags, ngl: u32, fitted: &Fitted) -> bool {
+fn keeps_unfused(h: &Header, f: &Flags, ngl: u32, fitted: &Fitted, on: Backend) -> bool {
     let split: Vec<f64> = if fitted.split.is_empty() {
         vec![1.0]
     } else {
         fitted.split.iter().map(|c| f64::from(*c)).collect()
     };
-    let p = place_on(h, f, ngl, &split, Backend::RPC).unwrap();
+    let p = place_on(h, f, ngl, &split, on).unwrap();
     p.flash_attention_off
         && fitted
             .log
@@ -887,8 +887,8 @@ fn keeps_unfused(h: &Header, f: &Flags, ngl: u32, fitted: &Fitted) -> bool {
 
 /// Whether a device's need is within 5% of its compute buffer of what it has, with the layers
 /// decided or with one more: a compute buffer off by that much may pick one layer more or less.
-fn close_call(h: &Header, f: &Flags, counts: &[u32], room: &[u64]) -> bool {
-    let all = place_on(h, f, 0, &[], Backend::RPC).unwrap().n_layer + 1;
+fn close_call(h: &Header, f: &Flags, counts: &[u32], room: &[u64], on: Backend) -> bool {
+    let all = place_on(h, f, 0, &[], on).unwrap().n_layer + 1;
     (0..counts.len()).any(|id| {
         let mut more = counts.to_vec();
         more[id] += 1;
@@ -897,11 +897,87 @@ fn close_call(h: &Header, f: &Flags, counts: &[u32], room: &[u64]) -> bool {
             .filter(|c| c.iter().sum::<u32>() <= all)
             .any(|c| {
                 let split: Vec<f64> = c.iter().map(|n| f64::from(*n)).collect();
-                let p = place_on(h, f, c.iter().sum(), &split, Backend::RPC).unwrap();
+                let p = place_on(h, f, c.iter().sum(), &split, on).unwrap();
                 let d = &p.devices[id];
                 d.total.abs_diff(room[id]) as f64 <= COMPUTE * d.compute as f64
             })
     })
+}
+
+/// Where llama-fit-params' choice leaves a device below its `--fit-target`, by its own log:
+/// its report of a device (`- RPCn (...): L layers, U MiB used, F MiB free`, the last for each)
+/// with F under the device's margin, or its last accepted trial (`set ngl_per_device[`) with a
+/// device's `mem` above its `target` (whole MiB, rounded down, so either is a real shortfall).
+/// It does not look at a device again once it has filled it: the next device's layers can
+/// turn pipeline parallelism on, which copies every split's inputs four times there, and under
+/// op offload a device with no layers still runs the host's prompt.
+fn past_target(log: &str, margins: &[u64]) -> Option<String> {
+    let number = |line: &str, key: &str| -> Option<u64> {
+        let rest = line.split(key).nth(1)?.trim_start();
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let mut free = vec![None; margins.len()];
+    let mut target = vec![None; margins.len()];
+    let (mut trial, mut accepted) = (vec![None; margins.len()], vec![None; margins.len()]);
+    for line in log.lines() {
+        if let Some(at) = line.find("  - RPC") {
+            let id = number(&line[at..], "RPC");
+            if let (Some(id), Some(f)) = (id, number(line, "used,"))
+                && let Some(slot) = free.get_mut(id as usize)
+            {
+                *slot = Some(f);
+            }
+        } else if let (Some(id), Some(t)) = (number(line, "id="), number(line, "target=")) {
+            if let Some(slot) = target.get_mut(id as usize) {
+                *slot = Some(t);
+            }
+        } else if let (Some(id), Some(m)) = (number(line, "id="), number(line, "mem=")) {
+            if let Some(slot) = trial.get_mut(id as usize) {
+                *slot = Some(m);
+            }
+        } else if line.contains("set ngl_per_device[") {
+            accepted.clone_from(&trial);
+        }
+    }
+    margins.iter().enumerate().find_map(|(id, m)| {
+        let margin = m / MIB;
+        match (free[id], accepted[id], target[id]) {
+            (Some(f), ..) if f < margin => Some(format!(
+                "fit-params' own figures leave device {id} below its target: {f} MiB free, {margin} kept"
+            )),
+            (_, Some(used), Some(t)) if used > t => Some(format!(
+                "fit-params' own last trial puts {used} MiB on device {id}, its target {t}"
+            )),
+            _ => None,
+        }
+    })
+}
+
+/// Under op offload, why the layers differ where the device's compute is a listed miss of
+/// the op-offload table (`COMPUTE_MISSES`) in the direction of the difference: an
+/// over-estimate offloads fewer layers than llama-fit-params, an under-estimate more.
+fn listed_miss(name: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'static str> {
+    if on != Backend::CUDA {
+        return None;
+    }
+    let listed = |over: bool| {
+        COMPUTE_MISSES.iter().any(|(m, s, w, _, why)| {
+            name.starts_with(m)
+                && OFFLOAD_SETTINGS.contains(s)
+                && w.starts_with("dev")
+                && why.starts_with(if over { "over" } else { "under" })
+        })
+    };
+    if ours < theirs && listed(true) {
+        Some("the device's op-offload compute is a listed over-estimate (COMPUTE_MISSES)")
+    } else if ours > theirs && listed(false) {
+        Some("the device's op-offload compute is a listed under-estimate (COMPUTE_MISSES)")
+    } else {
+        None
+    }
 }
 
 /// What the RPC client holds in host memory besides the placement's host part: it copies each
@@ -934,6 +1010,25 @@ fn rpc_message(h: &Header, fa_off: bool) -> u64 {
 
 #[tokio::test]
 async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks() {
+    let t = fit_table(Backend::RPC, &[], &[]).await;
+    t.print();
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+}
+
+/// The same with CUDA's placement: llama-fit-params over devices given CUDA's op-offload rule
+/// (`RPC_OFFLOAD`), which then size their trials' compute buffers as a CUDA GPU does, and with
+/// no CPU repack beside them, as `decide_on` places for CUDA.
+#[tokio::test]
+async fn under_op_offload_the_layers_decided_are_the_ones_llama_fit_params_picks() {
+    let t = fit_table(Backend::CUDA, &[RPC_OFFLOAD], &["--no-repack".into()]).await;
+    t.print();
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+}
+
+/// For each model and device sizes (`cases`), the layers `decide_on` offloads for backend `on`
+/// beside what llama-fit-params picks with `env` and `more` flags; a difference fails unless it
+/// is one the table explains.
+async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) -> Table {
     let fit = testbed_script_with("build-llama-tool.sh", &["llama-fit-params"]);
     let rpc = testbed_script_with("build-llama-tool.sh", &["rpc-server"]);
     let began = std::time::Instant::now();
@@ -959,16 +1054,16 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
     for model in chosen(models.0) {
         let name = name(model);
         let h = header(model).await;
-        let n_layer = place_on(&h, &f, 0, &[], Backend::RPC).unwrap().n_layer;
+        let n_layer = place_on(&h, &f, 0, &[], on).unwrap().n_layer;
         let moe = h.tensors.iter().any(|t| t.name.contains("_exps"));
-        for (case, sizes) in cases(&h, &f, n_layer) {
+        for (case, sizes) in cases(&h, &f, n_layer, on) {
             // Rounded up: a device never has more than its size.
             let margins: Vec<u64> = sizes
                 .iter()
                 .map(|s| (total - s).div_ceil(MIB) * MIB)
                 .collect();
             let servers = &devices[..sizes.len()];
-            let args = [
+            let mut args = vec![
                 "--rpc".to_string(),
                 rpc_arg(servers),
                 "--ctx-size".into(),
@@ -986,7 +1081,8 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
                 // Its trials' lines, among them whether flash attention stayed on.
                 "--verbose".into(),
             ];
-            let fitted = fit_params(&fit, model, &args);
+            args.extend_from_slice(more);
+            let fitted = fit_params(&fit, model, &args, env);
             let offered: Vec<Device> = sizes
                 .iter()
                 .map(|_| Device {
@@ -994,7 +1090,7 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
                     free: total,
                 })
                 .collect();
-            let d = decide_on(&h, &f, &offered, &margins, Backend::RPC).unwrap();
+            let d = decide_on(&h, &f, &offered, &margins, on).unwrap();
             let room: Vec<u64> = margins.iter().map(|m| total - m).collect();
             let p = d.placement();
             // -ngl -1: the engine's default, every layer, split by free memory.
@@ -1015,21 +1111,26 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
                 format!("{engine_ngl} ({:?})", fitted.split)
             };
             let same_split = fitted.split.is_empty() || fitted.split == counts;
-            let mut note = "";
+            let mut note = String::new();
             if fitted.overrides {
                 // --fit's step 4: MoE experts to the host, then whole layers back to the
                 // devices; decide_on keeps experts with their layer.
-                note = "fit-params moves experts to the host (-ot)";
+                note = "fit-params moves experts to the host (-ot)".into();
                 if !moe {
                     t.failures
                         .push(format!("{name} {case}: -ot for a model without experts"));
                 }
             } else if engine_ngl == p.ngl && same_split {
-            } else if engine_ngl == p.ngl + 1 && keeps_unfused(&h, &f, engine_ngl, &fitted) {
+            } else if engine_ngl == p.ngl + 1 && keeps_unfused(&h, &f, engine_ngl, &fitted, on) {
                 note =
-                    "fit-params keeps one layer more, where the engine turns flash attention off";
-            } else if engine_ngl.abs_diff(p.ngl) <= 1 && close_call(&h, &f, &counts, &room) {
-                note = "a layer's need is within 5% of its compute of the size";
+                    "fit-params keeps one layer more, where the engine turns flash attention off"
+                        .into();
+            } else if engine_ngl.abs_diff(p.ngl) <= 1 && close_call(&h, &f, &counts, &room, on) {
+                note = "a layer's need is within 5% of its compute of the size".into();
+            } else if let Some(why) = listed_miss(&name, on, p.ngl, engine_ngl) {
+                note = why.into();
+            } else if let Some(why) = past_target(&fitted.log, &margins) {
+                note = why;
             } else {
                 t.failures.push(format!(
                     "{name} {case}: decide_on {ours}, llama-fit-params {theirs}: {}",
@@ -1041,7 +1142,7 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
                         .collect::<Vec<_>>()
                         .join(" | ")
                 ));
-                note = "DIFFERS";
+                note = "DIFFERS".into();
             }
             let sizes_mib: Vec<String> = sizes.iter().map(|s| mib(*s)).collect();
             t.lines.push(format!(
@@ -1054,7 +1155,12 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
             ));
         }
     }
-    t.print();
-    println!("fit table in {:?}", began.elapsed());
-    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+    let placement = if on == Backend::CUDA {
+        "CUDA's, op offload"
+    } else {
+        "RPC devices'"
+    };
+    t.lines
+        .push(format!("fit table ({placement}) in {:?}", began.elapsed()));
+    t
 }

@@ -173,13 +173,14 @@ pub struct Fitted {
     pub log: String,
 }
 
-/// Runs llama-fit-params on `model` with `args` (the devices, the context, `--fit-target`).
-/// It loads the model's header only (no weights), several times.
-pub fn fit_params(bin: &Path, model: &Path, args: &[String]) -> Fitted {
+/// Runs llama-fit-params on `model` with `args` (the devices, the context, `--fit-target`) and
+/// `env` in its environment. It loads the model's header only (no weights), several times.
+pub fn fit_params(bin: &Path, model: &Path, args: &[String], env: &[(&str, &str)]) -> Fitted {
     let out = Command::new(bin)
         .arg("--model")
         .arg(model)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", bin.display()));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
