@@ -28,6 +28,8 @@
 //! `--cpu-moe` and row split; `--no-kv-offload`.
 
 mod fit;
+#[cfg(test)]
+mod layout_tests;
 mod message;
 mod model;
 #[cfg(test)]

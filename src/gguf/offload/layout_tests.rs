@@ -1,0 +1,92 @@
+//! Where the graph allocator's holes set a compute buffer's peak, as llama-server laid them
+//! out over an rpc-server device (`testbed/alloc-trace.sh` prints those layouts).
+
+use super::tests::{MIB, Model, N_EMBD, flags};
+use super::*;
+use crate::gguf::header::Value;
+use crate::gguf::memory::parts;
+
+#[test]
+fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
+    // llama-server over an rpc-server device (GGML_ALLOCATOR_DEBUG): the split's input, freed
+    // by the first layer, leaves a residual-wide hole below the gate, up and product rows.
+    let (plain, gated) = (Model::llama(4, 64 * MIB), Model::llama(4, 64 * MIB).gated());
+    let f = flags(4096, 1);
+    let p = parts(&gated.header(), &f);
+    assert_eq!(p.activations, parts(&plain.header(), &f).activations);
+    let one = |m: &Model, ngl, split: &[f64]| place_on(&m.header(), &f, ngl, split, Backend::RPC);
+    let (with, without) = (
+        one(&gated, 5, &[1.0]).unwrap(),
+        one(&plain, 5, &[1.0]).unwrap(),
+    );
+    assert_eq!(
+        with.devices[0].compute,
+        p.activations + p.masks,
+        "the CPU's own peak"
+    );
+    assert_eq!(
+        without.devices[0].compute + p.residual,
+        with.devices[0].compute
+    );
+    // A partial offload's device takes the host's rows as its input: the same hole.
+    let partial = one(&gated, 3, &[1.0]).unwrap();
+    assert_eq!(partial.devices[0].layers, 2..4);
+    assert_eq!(partial.devices[0].compute, p.activations + p.masks);
+    // A pipeline keeps its inputs, so leaves no hole.
+    let (a, b) = (
+        one(&gated, 5, &[1.0, 1.0]).unwrap(),
+        one(&plain, 5, &[1.0, 1.0]).unwrap(),
+    );
+    let compute = |p: &Placement| p.devices.iter().map(|d| d.compute).collect::<Vec<_>>();
+    assert_eq!(compute(&a), compute(&b));
+}
+
+#[test]
+fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
+    // deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide
+    // query per head), a dense block, then MoE blocks.
+    let mut m = Model::llama(4, 16 * MIB);
+    m.arch = "deepseek2";
+    m.kv = vec![
+        ("attention.head_count", Value::U32(8)),
+        ("attention.head_count_kv", Value::U32(1)),
+        ("attention.key_length", Value::U32(576)),
+        ("attention.value_length", Value::U32(512)),
+        ("attention.key_length_mla", Value::U32(192)),
+        ("attention.kv_lora_rank", Value::U32(512)),
+        ("feed_forward_length", Value::U32(2816)),
+        ("expert_count", Value::U32(8)),
+        ("expert_used_count", Value::U32(4)),
+        ("expert_feed_forward_length", Value::U32(512)),
+        ("leading_dense_block_count", Value::U32(1)),
+    ];
+    let (h, f) = (m.header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    // Three residual rows and, per head, the roped query, the query, the absorbed query and
+    // the joined one; the ids 16 bytes a token and the outputs' slot; the masks.
+    let traced = 512 * (4 * (3 * N_EMBD as u128 + 8 * (64 + 192 + 512 + 576)) + 16) + 32;
+    assert_eq!(u128::from(p.latent_compute), traced + u128::from(p.masks));
+    assert!(p.latent_compute < p.estimate.compute);
+    // The host holds the dense block and the first MoE block: no block after a MoE one.
+    let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.host.layers, 0..2);
+    assert_eq!(partial.host.compute, p.latent_compute);
+    // Its device runs blocks 2 and 3: one MoE block before block 3's attention, as traced.
+    assert_eq!(partial.devices[0].layers, 2..4);
+    assert_eq!(partial.devices[0].compute, p.latent_compute);
+    // One MoE block before the host's last attention still leaves it as traced.
+    let more = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(more.host.layers, 0..3);
+    assert_eq!(more.host.compute, p.latent_compute);
+    // Two MoE blocks before an attention: the fitted figure, the CPU's, and a device's less
+    // the embeddings input only the host has.
+    let all = place_on(&h, &f, 1, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(all.host.layers, 0..4);
+    assert_eq!(all.host.compute, p.estimate.compute);
+    let most = place_on(&h, &f, 4, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(most.devices[0].layers, 1..4);
+    assert_eq!(
+        most.devices[0].compute,
+        p.activations - p.residual + p.masks
+    );
+}
