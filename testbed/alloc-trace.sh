@@ -12,48 +12,31 @@
 # between entries are holes the allocator could not reuse. Set MODELSERVE_RPC_OFFLOAD=1 for
 # CUDA's op offload (rpc-offload.py), and pass --no-repack as CUDA's placement has it.
 #
-# The first run builds llama-server and rpc-server with GGML_ALLOCATOR_DEBUG (ggml-alloc's own
-# switch that logs the layout at each growth) from the sdist's sources with rpc-offload.py,
-# into its own cache directory beside build-llama-tool.sh's: about 5 minutes on 2 cores.
+# The first run builds the llama.cpp tools with GGML_ALLOCATOR_DEBUG (ggml-alloc's own switch
+# that logs the layout at each growth): build-llama-tool.sh with LLAMA_ALLOC_TRACE=1, into a
+# cache directory of its own beside the test bed's, once (10 to 20 minutes on 2 cores).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-. "$here/versions.env"
 model="${1:?usage: alloc-trace.sh MODEL.gguf NGL [llama-server flags...]}"
 ngl="${2:?usage: alloc-trace.sh MODEL.gguf NGL [llama-server flags...]}"
 shift 2
 [ -f "$model" ] || { echo "alloc-trace: no file $model" >&2; exit 2; }
 fail() { echo "alloc-trace: $1" >&2; exit 1; }
-out="${MODELSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelserve}/llama-cpp-${LLAMA_CPP_PYTHON_VERSION}-${LLAMA_BUILD_CONFIG}-alloc-trace"
-if [ ! -f "$out/.complete" ]; then
-  command -v cmake >/dev/null || fail "cmake not found (apt-get install cmake)"
-  sdist="$(bash "$here/llama-sdist.sh" | tail -n 1)"
-  build="$(mktemp -d)"; trap 'rm -rf "$build"' EXIT
-  cp -r "$sdist/vendor/llama.cpp" "$build/src"
-  python3 "$here/rpc-offload.py" "$build/src" || fail "adding the RPC op offload"
-  gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-  cmake -S "$build/src" -B "$build/out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_C_FLAGS=-DGGML_ALLOCATOR_DEBUG -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$build/configure.log" 2>&1 \
-    || { cat "$build/configure.log" >&2; fail "cmake configure failed"; }
-  cmake --build "$build/out" --target llama-server ggml-rpc-server -j "$(nproc)" \
-    >"$build/build.log" 2>&1 || { tail -30 "$build/build.log" >&2; fail "the build failed"; }
-  mkdir -p "$out"
-  cp "$build/out/bin/llama-server" "$build/out/bin/ggml-rpc-server" "$out/"
-  touch "$out/.complete"
-fi
+server_bin="$(LLAMA_ALLOC_TRACE=1 bash "$here/build-llama-tool.sh" llama-server | tail -n 1)" \
+  || fail "building llama-server with GGML_ALLOCATOR_DEBUG failed"
+rpc_bin="$(LLAMA_ALLOC_TRACE=1 bash "$here/build-llama-tool.sh" rpc-server | tail -n 1)" \
+  || fail "building rpc-server with GGML_ALLOCATOR_DEBUG failed"
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rpc_port="$(port)" http_port="$(port)"
 log="$(mktemp)"
-"$out/ggml-rpc-server" -H 127.0.0.1 -p "$rpc_port" >/dev/null 2>&1 &
+"$rpc_bin" -H 127.0.0.1 -p "$rpc_port" >/dev/null 2>&1 &
 rpc=$!
 server=
 cleanup() { kill "$rpc" ${server:+"$server"} 2>/dev/null || true; rm -f "$log"; }
 trap cleanup EXIT
 sleep 0.5
-"$out/llama-server" -m "$model" --host 127.0.0.1 --port "$http_port" --ctx-size 8192 --parallel 2 \
+"$server_bin" -m "$model" --host 127.0.0.1 --port "$http_port" --ctx-size 8192 --parallel 2 \
   --ubatch-size 512 --cache-ram 0 --no-webui --rpc "127.0.0.1:$rpc_port" -ngl "$ngl" \
   --split-mode layer --fit off -lv 5 "$@" >"$log" 2>&1 &
 server=$!

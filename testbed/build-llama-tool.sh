@@ -7,6 +7,10 @@
 # cores, most of it ggml.
 #
 #   testbed/build-llama-tool.sh llama-quantize
+#
+# LLAMA_ALLOC_TRACE=1 builds the same tools with ggml-alloc's GGML_ALLOCATOR_DEBUG (each compute
+# buffer's layout logged as it grows, which alloc-trace.sh prints) into a cache of their own
+# (the directory name ends in -alloc-trace); the test suite never asks for it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/versions.env"
@@ -20,7 +24,11 @@ case "$tool" in
 esac
 targets=(llama-server llama-quantize ggml-rpc-server llama-fit-params)
 sdist="$(bash "$here/llama-sdist.sh" | tail -n 1)"
-out="${MODELSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelserve}/llama-cpp-${LLAMA_CPP_PYTHON_VERSION}-${LLAMA_BUILD_CONFIG}"
+config="$LLAMA_BUILD_CONFIG" cflags=()
+if [ -n "${LLAMA_ALLOC_TRACE:-}" ]; then
+  config+="-alloc-trace" cflags=(-DCMAKE_C_FLAGS=-DGGML_ALLOCATOR_DEBUG)
+fi
+out="${MODELSERVE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modelserve}/llama-cpp-${LLAMA_CPP_PYTHON_VERSION}-${config}"
 if [ -x "$out/$bin" ] && [ -f "$out/.complete" ]; then echo "$out/$bin"; exit 0; fi
 fail() { echo "build-llama-tool: $1 failed; see the output above" >&2; exit 1; }
 command -v cmake >/dev/null || fail "finding cmake (apt-get install cmake)"
@@ -37,7 +45,7 @@ start=$(date +%s)
 # MODELSERVE_RPC_OFFLOAD is set in llama-server's environment.
 cp -r "$sdist/vendor/llama.cpp" "$build/src" || fail "copying the llama.cpp sources"
 python3 "$here/rpc-offload.py" "$build/src" || fail "adding the RPC op offload"
-cmake -S "$build/src" -B "$build/out" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$build/src" -B "$build/out" "${gen[@]}" "${cflags[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_RPC=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF >"$build/configure.log" 2>&1 \

@@ -1010,9 +1010,7 @@ fn rpc_message(h: &Header, fa_off: bool) -> u64 {
 
 #[tokio::test]
 async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks() {
-    let t = fit_table(Backend::RPC, &[], &[]).await;
-    t.print();
-    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+    fit_table(Backend::RPC, &[], &[]).await;
 }
 
 /// The same with CUDA's placement: llama-fit-params over devices given CUDA's op-offload rule
@@ -1020,15 +1018,13 @@ async fn the_layers_decided_for_device_sizes_are_the_ones_llama_fit_params_picks
 /// no CPU repack beside them, as `decide_on` places for CUDA.
 #[tokio::test]
 async fn under_op_offload_the_layers_decided_are_the_ones_llama_fit_params_picks() {
-    let t = fit_table(Backend::CUDA, &[RPC_OFFLOAD], &["--no-repack".into()]).await;
-    t.print();
-    assert!(t.failures.is_empty(), "{:#?}", t.failures);
+    fit_table(Backend::CUDA, &[RPC_OFFLOAD], &["--no-repack".into()]).await;
 }
 
-/// For each model and device sizes (`cases`), the layers `decide_on` offloads for backend `on`
-/// beside what llama-fit-params picks with `env` and `more` flags; a difference fails unless it
-/// is one the table explains.
-async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) -> Table {
+/// Prints, for each model and device sizes (`cases`), the layers `decide_on` offloads for
+/// backend `on` beside what llama-fit-params picks with `env` and `more` flags, and fails on a
+/// difference the table does not explain.
+async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) {
     let fit = testbed_script_with("build-llama-tool.sh", &["llama-fit-params"]);
     let rpc = testbed_script_with("build-llama-tool.sh", &["rpc-server"]);
     let began = std::time::Instant::now();
@@ -1160,7 +1156,7 @@ async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) -> Table 
     } else {
         "RPC devices'"
     };
-    t.lines
-        .push(format!("fit table ({placement}) in {:?}", began.elapsed()));
-    t
+    t.print();
+    println!("fit table ({placement}) in {:?}", began.elapsed());
+    assert!(t.failures.is_empty(), "{:#?}", t.failures);
 }

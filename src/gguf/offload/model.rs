@@ -176,8 +176,8 @@ impl Model {
     /// FFN has a gate (llama, qwen2, mistral, ...) keeps its FFN input and norm in other
     /// residual-wide places, and its gate, up and product rows, wider than the hole, go above
     /// them, so the device peaks at the CPU's own figure (GGML_ALLOCATOR_DEBUG's layouts of
-    /// llama-server over an rpc-server device: 8 of 8 llama shapes of widths 64 to 512 and
-    /// n_ff of 2x to 4x, each one residual row above `memory`'s activations less the
+    /// llama-server over an rpc-server device: 9 of 9 llama and qwen2 shapes of widths 64 to
+    /// 512 and n_ff of 2x to 4x, each one residual row above `memory`'s activations less the
     /// embeddings input). A fused up projection (phi3) takes the hole for its norm, a model
     /// scaling its embeddings counts the row as `memory::Parts::scaled`, and MoE blocks,
     /// latent attention and recurrent layers lay their rows out otherwise.
