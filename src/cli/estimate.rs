@@ -193,7 +193,7 @@ fn parts(e: &memory::Estimate) -> Vec<serde_json::Value> {
             "vocab",
             e.engine.vocab,
             None,
-            "token texts, the text-to-id map, the piece cache and merge ranks",
+            "token texts, the text-to-id map, the piece cache, merge ranks, and the loader's copy of the merges past what serving adds",
         ),
         (
             "sampler",

@@ -3,17 +3,29 @@
 //!
 //! The per-token and per-merge figures are llama.cpp's containers as libstdc++ and glibc lay
 //! them out (`llama_vocab`: token data, the text-to-id map, the piece cache; BPE's merge ranks;
-//! UGM and RWKV's tries), plus the GGUF metadata copies the loader holds while the weights load
-//! (freed then, but left resident in the heap).
+//! UGM and RWKV's tries). The loader's GGUF copy of the merges is alive only while the model
+//! loads, before any slot serves: the engine's peak is the larger of that copy and what serving
+//! adds (`SERVING` and the samplers), not their sum.
 
 use super::super::header::{Header, Value};
 use super::super::support::ggml_type;
 
-/// Bytes per vocabulary token: token data, the text-to-id map node and buckets, the piece
-/// cache, long texts on the heap, and the loader's GGUF copy of the token list.
-pub const PER_TOKEN: u64 = 224;
-/// Bytes per BPE merge: the rank map's node and buckets, and the loader's copy.
-pub const PER_MERGE: u64 = 152;
+/// Bytes per vocabulary token once loaded: token data, the text-to-id map node and buckets, the
+/// piece cache and long texts on the heap. Fitted as an upper bound on llama-server's resident
+/// memory after the load (b11312, one model body over eight vocabularies of the sdist, 30k to
+/// 262k tokens, 0 to 515k merges): 96-99 B per token for SPM and WordPiece, the BPE ones within
+/// 0.8-10 MiB under this and `PER_MERGE` (command-r's the closest, gemma-4's the farthest).
+pub const PER_TOKEN: u64 = 192;
+/// Bytes per BPE merge once loaded: the rank map's node (a pair of strings) and buckets.
+pub const PER_MERGE: u64 = 112;
+/// Bytes per BPE merge of the loader's GGUF copy, freed once the model is loaded: the largest
+/// drop of resident memory at the end of the load, per merge, over the same vocabularies
+/// (31-48 B; 23.5 MiB for gemma-4's 515k merges).
+pub const LOADER_PER_MERGE: u64 = 48;
+/// What serving adds to llama-server's resident memory after the load besides the samplers:
+/// the requests of full slots in flight (their JSON, token lists and responses) and the HTTP
+/// threads' first use (8.0 MiB with every slot's context filled on 2 CPUs); part of `BASE`.
+pub const SERVING: u64 = 8 << 20;
 /// Bytes per token of the tries UGM, RWKV and PLaMo-2 tokenizers build.
 pub const TRIE_PER_TOKEN: u64 = 320;
 /// Bytes per token and slot of a sampler's candidate array (id, logit, p).
@@ -24,11 +36,11 @@ pub const PER_GRAPH_NODE: u64 = 1536;
 const MIN_GRAPH_NODES: u64 = 1024;
 /// Resident memory of llama-server besides its buffers, tables and threads, whatever the node:
 /// the binary's and libraries' pages (12.4 MiB of the test bed's build), the heap's base, and
-/// the requests of full slots in flight (their JSON, token lists and responses). Measured against
+/// the requests of full slots in flight (`SERVING`). Measured against
 /// the test bed's build with every slot's context filled (tests/offload_engine.rs, on 2 CPUs):
-/// 17.5-21 MiB beside the other parts on a quiet machine, and up to 3 MiB more on a busy one
-/// (mamba2-bench with its first layers on the host, run beside other tests): 24.5 MiB.
-pub const BASE: u64 = 49 << 19;
+/// 17.5-23.7 MiB beside the other parts on a quiet machine (the most with mamba2-bench's first
+/// layers on the host), and up to 3 MiB more on a busy one: 27 MiB.
+pub const BASE: u64 = 27 << 20;
 /// One thread's resident stack and heap under load: 56 KiB measured from 7 to 132 threads.
 pub const PER_THREAD: u64 = 64 << 10;
 /// The logical CPUs assumed of a node the estimate does not know (the CLI without
@@ -111,11 +123,20 @@ pub fn parts(h: &Header, s: &Shape) -> Engine {
     } else {
         0
     };
+    let sampler = s
+        .vocab
+        .saturating_mul(SAMPLER_PER_TOKEN)
+        .saturating_mul(s.parallel);
+    // The loader's copy where it is more than what serving adds once it is gone.
+    let loading = merges
+        .saturating_mul(LOADER_PER_MERGE)
+        .saturating_sub(SERVING.saturating_add(sampler));
     let vocab = s
         .vocab
         .saturating_mul(PER_TOKEN)
         .saturating_add(merges.saturating_mul(PER_MERGE))
-        .saturating_add(trie);
+        .saturating_add(trie)
+        .saturating_add(loading);
     // The work buffer holds a ubatch of the activations converted to the weights' dot-product
     // type: f16 for f16/bf16 weights, 8-bit blocks (292 bytes per 256) for quantized ones.
     let wide_float = h.tensors.iter().any(|t| {
@@ -133,10 +154,7 @@ pub fn parts(h: &Header, s: &Shape) -> Engine {
         .max(MIN_GRAPH_NODES);
     Engine {
         vocab,
-        sampler: s
-            .vocab
-            .saturating_mul(SAMPLER_PER_TOKEN)
-            .saturating_mul(s.parallel),
+        sampler,
         output: s.vocab.saturating_mul(4).saturating_mul(s.parallel),
         work,
         graph: nodes.saturating_mul(PER_GRAPH_NODE),
@@ -175,13 +193,21 @@ mod tests {
             cpus: 2,
         };
         let e = parts(&h, &s);
-        assert_eq!(e.vocab, 262_144 * PER_TOKEN + 514_906 * PER_MERGE);
+        assert_eq!(e.sampler, 262_144 * 12 * 4);
+        // The loader's copy of the merges (23.6 MiB) outlasts what serving adds with 4 slots
+        // (8 MiB and 12 MiB of samplers) by 3.6 MiB.
+        let loading = 514_906 * LOADER_PER_MERGE - SERVING - e.sampler;
+        assert_eq!(e.vocab, 262_144 * PER_TOKEN + 514_906 * PER_MERGE + loading);
         assert!(
-            (120 << 20..140 << 20).contains(&e.vocab),
-            "Gemma's tables come to about 127 MiB: {}",
+            (100 << 20..110 << 20).contains(&e.vocab),
+            "Gemma's tables come to about 107 MiB: {}",
             e.vocab
         );
-        assert_eq!(e.sampler, 262_144 * 12 * 4);
+        // With one slot the copy counts more; with many, serving covers it.
+        let one = parts(&h, &Shape { parallel: 1, ..s });
+        assert_eq!(one.vocab - e.vocab, 9 * 262_144 * 4);
+        let many = parts(&h, &Shape { parallel: 8, ..s });
+        assert_eq!(many.vocab, 262_144 * PER_TOKEN + 514_906 * PER_MERGE);
         assert_eq!(e.output, 262_144 * 4 * 4);
         assert_eq!(e.work, 512 * 10240 * 292 / 256);
         assert_eq!(e.graph, 1024 * PER_GRAPH_NODE);
@@ -200,8 +226,8 @@ mod tests {
         assert_eq!(threads(u64::MAX, 1), threads(MAX_CPUS, 1));
         assert!(fixed(DEFAULT_CPUS, 4) > fixed(2, 4));
         assert!(
-            (39 << 20..43 << 20).contains(&fixed(DEFAULT_CPUS, 4)),
-            "a large node: about 41 MiB, {}",
+            (41 << 20..45 << 20).contains(&fixed(DEFAULT_CPUS, 4)),
+            "a large node: about 43 MiB, {}",
             fixed(DEFAULT_CPUS, 4)
         );
     }
