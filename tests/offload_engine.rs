@@ -43,7 +43,7 @@ use modelserve::gguf::memory::{CTX_CHECKPOINTS, Flags, OUTPUTS_PER_SLOT_FROM, es
 use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot};
-use support::models::quantized;
+use support::models::{QUANTIZED, quantized};
 use support::rpc::{
     Buffers, Fitted, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
 };
@@ -69,18 +69,6 @@ const OVER: f64 = 1.20;
 /// MiB beside the other parts on a quiet machine, 3 MiB more on a busy one. mamba2's, the
 /// least, is the farthest from it.
 const OVER_TINY: f64 = 1.55;
-
-/// The quantized models of the memory benchmark (tests/quantized_memory.rs): family,
-/// vocabulary, size, type.
-const QUANTIZED: [(&str, &str, &str, &str); 7] = [
-    ("phi3", "phi-3", "bench", "F16"),
-    ("qwen3moe", "qwen2", "bench", "Q8_0"),
-    ("deepseek2", "llama-bpe", "bench", "Q4_K_M"),
-    ("granitehybrid", "llama-bpe", "bench", "Q4_0"),
-    ("mamba2", "gpt-neox", "bench", "IQ4_XS"),
-    ("gemma3", "gemma-4", "bench", "Q4_K_M"),
-    ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
-];
 
 /// Compute buffers the placement does not get within 5% (b11312, measured 2026-12-03; the op
 /// offload settings 2026-12-04), and the most each may be off (estimate / engine - 1, either

@@ -12,7 +12,7 @@ use std::path::Path;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot, logged};
-use support::models::quantized;
+use support::models::{QUANTIZED, quantized};
 use support::rpc::peak_rss;
 use support::{testbed_script, testbed_script_with};
 
@@ -20,29 +20,6 @@ const UBATCH: u64 = 512;
 const MIB: f64 = (1u64 << 20) as f64;
 /// The goal: at most this many times the peak RSS.
 const OVER: f64 = 1.10;
-
-/// (family, vocabulary of the sdist, size, type).
-const ROWS: [(&str, &str, &str, &str); 7] = [
-    // F16, a 32k SPM vocabulary, a width (896) no k-quant divides.
-    ("phi3", "phi-3", "bench", "F16"),
-    // Legacy 8-bit over a 151k vocabulary and 16 experts.
-    ("qwen3moe", "qwen2", "bench", "Q8_0"),
-    // The k-quant mix (Q4_K, Q6_K, fallbacks) with latent attention and a 128k vocabulary.
-    ("deepseek2", "llama-bpe", "bench", "Q4_K_M"),
-    // Legacy 4-bit, repacked for AVX2, in a hybrid of attention and Mamba-2 layers.
-    ("granitehybrid", "llama-bpe", "bench", "Q4_0"),
-    // An i-quant in a recurrent model.
-    ("mamba2", "gpt-neox", "bench", "IQ4_XS"),
-    // The largest vocabulary (262k, tied) in a model of 1.17 GiB with sliding-window layers of
-    // 1024 tokens: every slot ends with two full context checkpoints.
-    ("gemma3", "gemma-4", "bench", "Q4_K_M"),
-    // The largest vocabulary (262k, tied) on a 64-wide body: its tables and samplers are nearly
-    // all of it. The peak RSS is nearly the same at 1 and 4 slots (164.1 and 166.4 MiB): at 1
-    // it is reached while loading, with the loader's GGUF copy of the merges (freed once the
-    // model is loaded), at 4 with every slot's sampler and request: 1.04x and 1.06x (1.13x
-    // and 1.21x when the estimate added the copy to the samplers and requests).
-    ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
-];
 
 /// llama-server with the pods' flags (src/pipeline/catalog/args.rs).
 fn start(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Server {
@@ -94,7 +71,7 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals(
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let mut failures = Vec::new();
-    for (family, vocab, size, quant) in ROWS {
+    for (family, vocab, size, quant) in QUANTIZED {
         let path = quantized(dir.path(), &quantize, (family, vocab, size, quant));
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         for (ctx, parallel) in [(4096, 1), (16384, 4)] {

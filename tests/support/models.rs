@@ -303,6 +303,32 @@ fn run(cmd: &mut std::process::Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The memory benchmark's rows the tests serve (tests/quantized_memory.rs on the CPU,
+/// tests/offload_engine.rs over devices): one model per quantization family, with real
+/// vocabularies up to the largest the families use. (family, vocabulary of the sdist, size,
+/// type).
+pub const QUANTIZED: [(&str, &str, &str, &str); 7] = [
+    // F16, a 32k SPM vocabulary, a width (896) no k-quant divides.
+    ("phi3", "phi-3", "bench", "F16"),
+    // Legacy 8-bit over a 151k vocabulary and 16 experts.
+    ("qwen3moe", "qwen2", "bench", "Q8_0"),
+    // The k-quant mix (Q4_K, Q6_K, fallbacks) with latent attention and a 128k vocabulary.
+    ("deepseek2", "llama-bpe", "bench", "Q4_K_M"),
+    // Legacy 4-bit, repacked for AVX2, in a hybrid of attention and Mamba-2 layers.
+    ("granitehybrid", "llama-bpe", "bench", "Q4_0"),
+    // An i-quant in a recurrent model.
+    ("mamba2", "gpt-neox", "bench", "IQ4_XS"),
+    // The largest vocabulary (262k, tied) in a model of 1.17 GiB with sliding-window layers of
+    // 1024 tokens: every slot ends with two full context checkpoints.
+    ("gemma3", "gemma-4", "bench", "Q4_K_M"),
+    // The largest vocabulary (262k, tied) on a 64-wide body: its tables and samplers are nearly
+    // all of it. The peak RSS is nearly the same at 1 and 4 slots (164.1 and 166.4 MiB): at 1
+    // it is reached while loading, with the loader's GGUF copy of the merges (freed once the
+    // model is loaded), at 4 with every slot's sampler and request: 1.06x and 1.08x on the CPU
+    // (1.13x and 1.21x when the estimate added the copy to the samplers and requests).
+    ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
+];
+
 /// A real model of the memory benchmark: written by testbed/gen_gguf.py in F16 into `dir`, then
 /// quantized to `quant` by llama-quantize (F16: left as written).
 pub fn quantized(

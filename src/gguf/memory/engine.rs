@@ -12,9 +12,10 @@ use super::super::support::ggml_type;
 
 /// Bytes per vocabulary token once loaded: token data, the text-to-id map node and buckets, the
 /// piece cache and long texts on the heap. Fitted as an upper bound on llama-server's resident
-/// memory after the load (b11312, one model body over eight vocabularies of the sdist, 30k to
-/// 262k tokens, 0 to 515k merges): 96-99 B per token for SPM and WordPiece, the BPE ones within
-/// 0.8-10 MiB under this and `PER_MERGE` (command-r's the closest, gemma-4's the farthest).
+/// memory after the load (b11312, one tiny model body over eight of the sdist's vocabularies,
+/// 30k to 262k tokens, 0 to 515k merges): SPM and WordPiece take 96-99 B per token, and this
+/// with `PER_MERGE` is 0.8-10 MiB over the BPE ones (command-r the closest, gemma-4 the
+/// farthest). tests/quantized_memory.rs holds the estimate over all 19 of them.
 pub const PER_TOKEN: u64 = 192;
 /// Bytes per BPE merge once loaded: the rank map's node (a pair of strings) and buckets.
 pub const PER_MERGE: u64 = 112;
@@ -36,8 +37,8 @@ pub const PER_GRAPH_NODE: u64 = 1536;
 const MIN_GRAPH_NODES: u64 = 1024;
 /// Resident memory of llama-server besides its buffers, tables and threads, whatever the node:
 /// the binary's and libraries' pages (12.4 MiB of the test bed's build), the heap's base, and
-/// the requests of full slots in flight (`SERVING`). Measured against
-/// the test bed's build with every slot's context filled (tests/offload_engine.rs, on 2 CPUs):
+/// the requests of full slots in flight (`SERVING`). Measured against the test bed's build
+/// with every slot's context filled (tests/offload_engine.rs, on 2 CPUs):
 /// 17.5-23.7 MiB beside the other parts on a quiet machine (the most with mamba2-bench's first
 /// layers on the host), and up to 3 MiB more on a busy one: 27 MiB.
 pub const BASE: u64 = 27 << 20;
