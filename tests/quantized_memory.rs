@@ -12,7 +12,7 @@ use std::path::Path;
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Estimate, Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot, logged};
-use support::models::{QUANTIZED, quantized};
+use support::models::{QUANTIZED, generated, quantized};
 use support::rpc::peak_rss;
 use support::{testbed_script, testbed_script_with};
 
@@ -64,6 +64,22 @@ async fn estimate(model: &Path, ctx: u64, parallel: u64) -> Estimate {
     .unwrap()
 }
 
+/// `model` served with the pods' flags at `ctx` x `parallel`, every slot's context filled: the
+/// server and its peak RSS, the most a replica's slots can touch.
+async fn served_full(
+    server: &Path,
+    model: &Path,
+    ctx: u64,
+    parallel: u64,
+    http: &reqwest::Client,
+) -> (Server, u64) {
+    let mut s = start(server, model, ctx, parallel);
+    s.ready(http).await;
+    fill_every_slot(&s, http, ctx, parallel).await;
+    let peak = peak_rss(s.child.id());
+    (s, peak)
+}
+
 #[tokio::test]
 async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals() {
     let server = testbed_script("build-llama-server.sh");
@@ -76,11 +92,7 @@ async fn the_estimate_covers_the_peak_of_real_quantized_models_within_the_goals(
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         for (ctx, parallel) in [(4096, 1), (16384, 4)] {
             let e = estimate(&path, ctx, parallel).await;
-            let mut s = start(&server, &path, ctx, parallel);
-            s.ready(&http).await;
-            // The peak with every slot's context full: the most a replica's slots can touch.
-            fill_every_slot(&s, &http, ctx, parallel).await;
-            let peak = peak_rss(s.child.id());
+            let (s, peak) = served_full(&server, &path, ctx, parallel, &http).await;
             let log = s.log_text();
             let ratio = e.total as f64 / peak as f64;
             println!(
@@ -167,31 +179,14 @@ const OVER_VOCABULARY: f64 = 1.35;
 #[tokio::test]
 async fn the_estimate_covers_the_peak_over_every_vocabulary_of_the_sdist() {
     let server = testbed_script("build-llama-server.sh");
-    let sdist = testbed_script("llama-sdist.sh");
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let mut failures = Vec::new();
     for vocab in VOCABULARIES {
-        let out_dir = dir.path().join(vocab);
-        let out = std::process::Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-            .arg(&out_dir)
-            .args(["--arch", "llama", "--vocab", vocab, "--sdist"])
-            .arg(&sdist)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "gen_gguf.py --vocab {vocab}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let path = out_dir.join(format!("llama-tiny-{vocab}-f16.gguf"));
+        let path = generated(dir.path(), "llama", vocab, "tiny");
         for (ctx, parallel) in [(4096, 1), (8192, 4)] {
             let e = estimate(&path, ctx, parallel).await;
-            let mut s = start(&server, &path, ctx, parallel);
-            s.ready(&http).await;
-            fill_every_slot(&s, &http, ctx, parallel).await;
-            let peak = peak_rss(s.child.id());
+            let (_s, peak) = served_full(&server, &path, ctx, parallel, &http).await;
             let ratio = e.total as f64 / peak as f64;
             println!(
                 "{vocab:<15} {ctx}x{parallel}: vocabulary {:.1} MiB, estimate {:.1} MiB, peak RSS {:.1} MiB, ratio {ratio:.3}",
@@ -203,7 +198,7 @@ async fn the_estimate_covers_the_peak_over_every_vocabulary_of_the_sdist() {
                 failures.push(format!("{vocab} {ctx}x{parallel}: ratio {ratio:.3}"));
             }
         }
-        std::fs::remove_dir_all(&out_dir).unwrap();
+        std::fs::remove_file(&path).unwrap();
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -329,6 +329,30 @@ pub const QUANTIZED: [(&str, &str, &str, &str); 7] = [
     ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
 ];
 
+/// A model of `family` and `size` with the real tokenizer of the sdist's `vocab`, written by
+/// testbed/gen_gguf.py in F16 into `dir`: its path.
+pub fn generated(
+    dir: &std::path::Path,
+    family: &str,
+    vocab: &str,
+    size: &str,
+) -> std::path::PathBuf {
+    let printed = run(
+        std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
+            .arg(dir)
+            .args(["--arch", family, "--size", size, "--vocab", vocab]),
+        "gen_gguf.py",
+    );
+    std::path::PathBuf::from(
+        printed
+            .lines()
+            .last()
+            .and_then(|l| l.split_whitespace().next())
+            .expect("gen_gguf.py prints the file"),
+    )
+}
+
 /// A real model of the memory benchmark: written by testbed/gen_gguf.py in F16 into `dir`, then
 /// quantized to `quant` by llama-quantize (F16: left as written).
 pub fn quantized(
@@ -337,20 +361,7 @@ pub fn quantized(
     (family, vocab, size, quant): (&str, &str, &str, &str),
 ) -> std::path::PathBuf {
     use std::process::Command;
-    let printed = run(
-        Command::new("python3")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-            .arg(dir)
-            .args(["--arch", family, "--size", size, "--vocab", vocab]),
-        "gen_gguf.py",
-    );
-    let f16 = std::path::PathBuf::from(
-        printed
-            .lines()
-            .last()
-            .and_then(|l| l.split_whitespace().next())
-            .expect("gen_gguf.py prints the file"),
-    );
+    let f16 = generated(dir, family, vocab, size);
     if quant == "F16" {
         return f16;
     }
