@@ -148,7 +148,8 @@ pub struct HostShare {
     pub compute: u64,
     /// The logits' output buffer.
     pub output_buffer: u64,
-    /// The engine's memory outside its buffers (`memory::engine`) but the output buffer.
+    /// The engine's memory outside its buffers (`memory::engine`) but the output buffer, with
+    /// the CPU's matmul work buffer as far as the host multiplies (`Model::host_overhead`).
     pub overhead: u64,
     /// The GPU runtime's own (`Backend::runtime_host`, and `runtime_host_recurrent` more for a
     /// model with recurrent layers), when any GPU is used.

@@ -290,7 +290,7 @@ impl Model {
         let e = &self.parts.estimate;
         host.checkpoints = e.checkpoints;
         host.output_buffer = e.engine.output;
-        host.overhead = e.overhead.saturating_sub(e.engine.output);
+        host.overhead = self.host_overhead(&host, !devices.is_empty(), full);
         (devices, host, output_copy)
     }
 

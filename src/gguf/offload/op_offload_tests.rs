@@ -55,3 +55,36 @@ fn under_op_offload_a_hybrid_models_host_runs_its_layers_prompt() {
     let q = place(&llama, &f, 3, &[1.0]).unwrap();
     assert!(q.host.compute < estimate(&llama, &f).compute);
 }
+
+#[test]
+fn the_host_keeps_the_matmul_work_buffer_only_for_the_batches_it_multiplies() {
+    let h = Model::llama(4, 16 * MIB).header();
+    let f = flags(4096, 2);
+    let e = estimate(&h, &f);
+    let work = e.engine.work;
+    assert!(work > 0);
+    let beside = |ngl: u32, on: Backend| {
+        let p = place_on(&h, &f, ngl, &[1.0], on).unwrap();
+        e.overhead - e.engine.output - p.host.overhead
+    };
+    // Without GPUs, and where the CPU runs the host's blocks' prompts, a ubatch's.
+    assert_eq!(
+        place_on(&h, &f, 0, &[], Backend::RPC)
+            .unwrap()
+            .host
+            .overhead
+            + e.engine.output,
+        e.overhead
+    );
+    assert_eq!(beside(3, Backend::RPC), 0);
+    // Every block and the output on GPUs: the host only gathers embedding rows, no matmul.
+    assert_eq!(beside(5, Backend::RPC), work);
+    assert_eq!(beside(5, Backend::CUDA), work);
+    // Under op offload the GPU takes batches from 32 tokens on: the host's are 31 at most.
+    assert_eq!(beside(3, Backend::CUDA), work - (work * 31).div_ceil(512));
+    // A hybrid model's host runs its layers' prompts itself.
+    let hy = hybrid().header();
+    let eh = estimate(&hy, &f);
+    let p = place(&hy, &f, 3, &[1.0]).unwrap();
+    assert_eq!(p.host.overhead + eh.engine.output, eh.overhead);
+}

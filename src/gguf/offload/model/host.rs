@@ -1,7 +1,7 @@
 //! The host's weights beside the GPUs: which tensors stay in host memory, the CPU repack of
 //! them, and the file range mapped for them.
 
-use super::{Home, Model, home};
+use super::{Home, Model, OP_OFFLOAD_MIN_BATCH, home};
 use crate::gguf::header::{Header, TensorInfo};
 use crate::gguf::memory::{self, repack};
 use crate::gguf::offload::{DeviceShare, HostShare};
@@ -75,5 +75,31 @@ impl Model {
             last = last.max(t.offset.saturating_add(bytes));
         }
         last.saturating_sub(first)
+    }
+
+    /// The engine's memory outside its buffers (`memory::engine`) but the output buffer, with
+    /// the CPU's matrix-multiply work buffer as far as the host uses it (`memory::engine`'s
+    /// `work` is a ubatch of activation rows converted for the weights; the CPU backend grows
+    /// it to the largest graph it has run and keeps it). A ubatch's where the host runs its
+    /// blocks' prompts (without GPUs, without op offload, or for a model with recurrent
+    /// layers, `Model::host_runs_prompts`); under op offload, the batches the GPUs leave it,
+    /// under `OP_OFFLOAD_MIN_BATCH` tokens; none where the GPUs run every block and the output,
+    /// as the host then only gathers the token embeddings' rows.
+    pub(super) fn host_overhead(&self, host: &HostShare, gpus: bool, full: bool) -> u64 {
+        let e = &self.parts.estimate;
+        let work = e.engine.work;
+        let op_offload = self.backend.op_offload && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
+        let used = if !gpus || (!full && (!op_offload || self.host_runs_prompts(host))) {
+            work
+        } else if full {
+            0
+        } else {
+            let tokens = (OP_OFFLOAD_MIN_BATCH - 1).min(self.ubatch);
+            let rows = (u128::from(work) * u128::from(tokens)).div_ceil(u128::from(self.ubatch));
+            u64::try_from(rows).unwrap_or(work)
+        };
+        e.overhead
+            .saturating_sub(e.engine.output)
+            .saturating_sub(work - used.min(work))
     }
 }
