@@ -207,6 +207,9 @@ pub(crate) struct Parts {
     pub latent_compute: u64,
     /// Its rows alone, without the masks (a device's copy of them is counted with the device).
     pub latent_rows: u64,
+    /// Whether the KV cache is latent (MLA without V, from `MLA_NO_V_FROM` on): attention reads
+    /// its values as a view of the keys' rows.
+    pub latent_cache: bool,
 }
 
 /// The attention mask a layer reads.
@@ -538,6 +541,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         scan: scan(&hp, ubatch, parallel),
         latent_compute: bytes(latent_compute),
         latent_rows: bytes(latent_rows),
+        latent_cache: mla && f.build >= MLA_NO_V_FROM,
     }
 }
 

@@ -54,5 +54,6 @@ pub(super) fn parts(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         scan: Scan::default(),
         latent_compute: 0,
         latent_rows: 0,
+        latent_cache: false,
     }
 }

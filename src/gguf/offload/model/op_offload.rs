@@ -14,8 +14,8 @@ impl Model {
     /// memory's activations before them bound (the FFN phase, or latent attention's; without
     /// the residual). Over RPC devices given CUDA's offload rule: within 1% for the H200's
     /// llama at 8192 cells, above elsewhere where the copies partly fit in the rows' holes
-    /// (up to 1.7x, phi3's F16 model), below for latent attention and the tiny MoE model
-    /// (tests/offload_engine.rs lists each with its bound).
+    /// (up to 1.7x, phi3's F16 model), below for the tiny MoE model (tests/offload_engine.rs
+    /// lists each with its bound).
     ///
     /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
     /// run: the hybrid granite model ran its other host layers' attention on the CPU
@@ -35,6 +35,24 @@ impl Model {
         } else {
             host.layers.clone()
         };
+        // A latent cache is copied in twice, as the keys' view and the values' view of it,
+        // each spanning the layer's cells; from the second such layer on, one of the two lands
+        // above the mask, the first layer's places below it being split by the rows
+        // (GGML_ALLOCATOR_DEBUG's layouts of deepseek2 over an rpc-server device, 8192 and
+        // 32768 cells: two `(permuted)` copies, and the second layer's second above the mask).
+        let latent_layers = layers
+            .clone()
+            .filter(|il| {
+                p.mask_layers
+                    .get(*il as usize)
+                    .is_some_and(|m| *m != Mask::None)
+            })
+            .count();
+        let copies = match (p.latent_cache, latent_layers) {
+            (false, _) => 1,
+            (true, 0 | 1) => 2,
+            (true, _) => 3,
+        };
         layers
             .filter_map(|il| {
                 let i = il as usize;
@@ -43,7 +61,7 @@ impl Model {
                     Mask::Window => p.mask_window,
                     Mask::None => return None,
                 };
-                Some(rows + u128::from(mask) + u128::from(*p.kv.get(i)?))
+                Some(rows + u128::from(mask) + copies * u128::from(*p.kv.get(i)?))
             })
             .max()
             .unwrap_or(0)
