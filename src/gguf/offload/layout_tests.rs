@@ -41,10 +41,9 @@ fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
     assert_eq!(compute(&a), compute(&b));
 }
 
-#[test]
-fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
-    // deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide
-    // query per head), a dense block, then MoE blocks.
+/// deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide query per
+/// head), a dense block, then MoE blocks.
+pub(super) fn deepseek2() -> Model {
     let mut m = Model::llama(4, 16 * MIB);
     m.arch = "deepseek2";
     m.kv = vec![
@@ -60,7 +59,12 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
         ("expert_feed_forward_length", Value::U32(512)),
         ("leading_dense_block_count", Value::U32(1)),
     ];
-    let (h, f) = (m.header(), flags(8192, 2));
+    m
+}
+
+#[test]
+fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
+    let (h, f) = (deepseek2().header(), flags(8192, 2));
     let p = parts(&h, &f);
     // Three residual rows and, per head, the roped query, the query, the absorbed query and
     // the joined one; the ids 16 bytes a token and the outputs' slot; the masks.

@@ -1,6 +1,7 @@
 //! Op offload: what a CUDA GPU takes over from the host (a host layer's attention, with its
 //! copies) and what the host keeps beside a GPU with a pinned host buffer type.
 
+use super::layout_tests::deepseek2;
 use super::tests::{MIB, Model, flags, hybrid};
 use super::*;
 use crate::gguf::memory::{Flags, estimate, repack};
@@ -87,4 +88,26 @@ fn the_host_keeps_the_matmul_work_buffer_only_for_the_batches_it_multiplies() {
     let eh = estimate(&hy, &f);
     let p = place(&hy, &f, 3, &[1.0]).unwrap();
     assert_eq!(p.host.overhead + eh.engine.output, eh.overhead);
+}
+
+#[test]
+fn under_op_offload_a_host_layers_latent_cache_is_copied_in_as_keys_and_as_values() {
+    let h = deepseek2().header();
+    let (short, long) = (flags(8192, 2), flags(32768, 2));
+    let (ps, pl) = (
+        crate::gguf::memory::parts(&h, &short),
+        crate::gguf::memory::parts(&h, &long),
+    );
+    assert!(pl.latent_cache);
+    let (cache, mask) = (pl.kv[0] - ps.kv[0], pl.mask_full - ps.mask_full);
+    let grown = |ngl: u32| {
+        let at = |f: &Flags| place(&h, f, ngl, &[1.0]).unwrap().devices[0].compute;
+        at(&long) - at(&short)
+    };
+    // One host layer: the keys' view and the values' view, each the layer's whole cache.
+    assert_eq!(place(&h, &short, 4, &[1.0]).unwrap().host.layers, 0..1);
+    assert_eq!(grown(4), mask + 2 * cache);
+    // From the second host layer on, one of them lands above the mask.
+    assert_eq!(place(&h, &short, 1, &[1.0]).unwrap().host.layers, 0..4);
+    assert_eq!(grown(1), mask + 3 * cache);
 }
