@@ -89,17 +89,19 @@ impl Model {
         let e = &self.parts.estimate;
         let work = e.engine.work;
         let op_offload = self.backend.op_offload && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
-        let used = if !gpus || (!full && (!op_offload || self.host_runs_prompts(host))) {
+        let used = if !gpus {
             work
         } else if full {
             0
-        } else {
+        } else if op_offload && !self.host_runs_prompts(host) {
             let tokens = (OP_OFFLOAD_MIN_BATCH - 1).min(self.ubatch);
             let rows = (u128::from(work) * u128::from(tokens)).div_ceil(u128::from(self.ubatch));
             u64::try_from(rows).unwrap_or(work)
+        } else {
+            work
         };
         e.overhead
             .saturating_sub(e.engine.output)
-            .saturating_sub(work - used.min(work))
+            .saturating_sub(work.saturating_sub(used))
     }
 }

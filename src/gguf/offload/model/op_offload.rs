@@ -36,11 +36,11 @@ impl Model {
             host.layers.clone()
         };
         // A latent cache is copied in twice, as the keys' view and the values' view of it,
-        // each spanning the layer's cells; from the second such layer on, one of the two lands
-        // above the mask, the first layer's places below it being split by the rows
+        // each spanning the layer's cells; from the second attending layer on, one of the two
+        // lands above the mask, the first layer's places below it being split by the rows
         // (GGML_ALLOCATOR_DEBUG's layouts of deepseek2 over an rpc-server device, 8192 and
         // 32768 cells: two `(permuted)` copies, and the second layer's second above the mask).
-        let latent_layers = layers
+        let attending = layers
             .clone()
             .filter(|il| {
                 p.mask_layers
@@ -48,7 +48,7 @@ impl Model {
                     .is_some_and(|m| *m != Mask::None)
             })
             .count();
-        let copies = match (p.latent_cache, latent_layers) {
+        let copies = match (p.latent_cache, attending) {
             (false, _) => 1,
             (true, 0 | 1) => 2,
             (true, _) => 3,
