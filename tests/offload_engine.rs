@@ -962,19 +962,14 @@ fn listed_miss(name: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'stat
 /// flash attention, f32 without), or for a model without attention a ubatch of rows (the token
 /// embeddings, f32).
 fn rpc_message(h: &Header, fa_off: bool) -> u64 {
-    let arch = match h.metadata.get("general.architecture") {
-        Some(Value::String(a)) => a.clone(),
-        _ => return 0,
-    };
-    let key = |k: &str| h.metadata.get(&format!("{arch}.{k}"));
-    let attends = match key("attention.head_count_kv") {
+    let attends = match arch_key(h, "attention.head_count_kv") {
         Some(Value::Array {
             items: Some(heads), ..
         }) => heads.iter().any(|v| v.as_u64().unwrap_or(0) > 0),
         Some(v) => v.as_u64().unwrap_or(0) > 0,
         None => false,
     };
-    let rows = key("embedding_length").and_then(Value::as_u64).unwrap_or(0) * UBATCH * 4;
+    let rows = arch_u64(h, "embedding_length") * UBATCH * 4;
     let mask = if attends {
         CTX / PARALLEL * UBATCH * if fa_off { 4 } else { 2 }
     } else {
@@ -994,17 +989,21 @@ fn rpc_handover(h: &Header, running: usize) -> u64 {
     if running < 2 {
         return 0;
     }
-    let arch = match h.metadata.get("general.architecture") {
-        Some(Value::String(a)) => a.clone(),
-        _ => return 0,
-    };
-    let key = |k: &str| {
-        h.metadata
-            .get(&format!("{arch}.{k}"))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    2 * key("embedding_length").max(key("ssm.inner_size")) * UBATCH * 4
+    let widest = arch_u64(h, "embedding_length").max(arch_u64(h, "ssm.inner_size"));
+    2 * widest * UBATCH * 4
+}
+
+/// The header's `<architecture>.<key>`.
+fn arch_key<'a>(h: &'a Header, key: &str) -> Option<&'a Value> {
+    match h.metadata.get("general.architecture") {
+        Some(Value::String(arch)) => h.metadata.get(&format!("{arch}.{key}")),
+        _ => None,
+    }
+}
+
+/// [`arch_key`] as a number, 0 where the header lacks it.
+fn arch_u64(h: &Header, key: &str) -> u64 {
+    arch_key(h, key).and_then(Value::as_u64).unwrap_or(0)
 }
 
 #[tokio::test]
