@@ -955,6 +955,29 @@ fn listed_miss(name: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'stat
     }
 }
 
+/// Cases of the fit table (CUDA's placement) where decide_on keeps fewer layers than
+/// llama-fit-params because its op-offload compute for the first of two devices is above the
+/// engine's (b11312, measured 2026-12-05): (model file prefix, case, what is not modelled).
+/// Which side of a layer the case's sizes land on follows the host's memory in MiB (the
+/// margins are whole MiB), so a machine may or may not show the difference.
+const FIT_MISSES: [(&str, &str, &str); 1] = [(
+    "gemma3-tiny-gemma-4",
+    "some on 2",
+    "over: the first of two GPUs, holding no layer or only window-attention ones, is counted \
+     with the host layers' attention copies as a single GPU takes them; the engine's first \
+     device holds 1.76 MiB with layers 0-4 or 0-3 on the host and 2.01 MiB with layer 0, the \
+     estimate 5.88 (op offload over two rpc-server devices); where the host's attention runs \
+     then is not modelled",
+)];
+
+/// A listed reason (`FIT_MISSES`) for decide_on keeping fewer layers than llama-fit-params.
+fn fit_miss(name: &str, case: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'static str> {
+    FIT_MISSES
+        .iter()
+        .find(|(m, c, _)| on == Backend::CUDA && ours < theirs && name.starts_with(m) && case == *c)
+        .map(|_| "the first GPU's op-offload compute is a listed over-estimate (FIT_MISSES)")
+}
+
 /// What the RPC client holds in host memory besides the placement's host part: it copies each
 /// tensor it sends a device into one message before sending it (a copy CUDA does not make: it
 /// copies from the host buffer), and the heap keeps the largest. The largest of a full
@@ -1123,6 +1146,8 @@ async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) {
                 note = "a layer's need is within 5% of its compute of the size".into();
             } else if let Some(why) = listed_miss(&name, on, p.ngl, engine_ngl) {
                 note = why.into();
+            } else if let Some(why) = fit_miss(&name, case, on, p.ngl, engine_ngl) {
+                note = why.into();
             } else if let Some(why) = past_target(&fitted.log, &margins) {
                 note = why;
             } else {
@@ -1156,5 +1181,10 @@ async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) {
     };
     t.print();
     println!("fit table ({placement}) in {:?}", began.elapsed());
+    if on == Backend::CUDA {
+        for (m, c, why) in FIT_MISSES {
+            println!("* {m} {c}: {why}");
+        }
+    }
     assert!(t.failures.is_empty(), "{:#?}", t.failures);
 }
