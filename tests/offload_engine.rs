@@ -1018,10 +1018,7 @@ fn rpc_handover(h: &Header, running: usize) -> u64 {
 
 /// The header's `<architecture>.<key>`.
 fn arch_key<'a>(h: &'a Header, key: &str) -> Option<&'a Value> {
-    match h.metadata.get("general.architecture") {
-        Some(Value::String(arch)) => h.metadata.get(&format!("{arch}.{key}")),
-        _ => None,
-    }
+    h.get(&format!("{}.{key}", h.architecture()?))
 }
 
 /// [`arch_key`] as a number, 0 where the header lacks it.
