@@ -428,8 +428,9 @@ impl Model {
                 } else {
                     0
                 };
+                let held = self.first_gpu_masks(host, masks.get(d).copied().unwrap_or_default());
                 c = c
-                    .max(block + all_masks + u128::from(p.scaled))
+                    .max(block + mask(held) + u128::from(p.scaled))
                     .max(self.offloaded_attention(host) + experts)
                     + u128::from(largest);
                 if host.output {

@@ -4,6 +4,7 @@
 use super::layout_tests::deepseek2;
 use super::tests::{MIB, Model, flags, hybrid};
 use super::*;
+use crate::gguf::header::Value;
 use crate::gguf::memory::{Flags, estimate, repack};
 
 #[test]
@@ -110,4 +111,39 @@ fn under_op_offload_a_host_layers_latent_cache_is_copied_in_as_keys_and_as_value
     // From the second host layer on, one of them lands above the mask.
     assert_eq!(place(&h, &short, 1, &[1.0]).unwrap().host.layers, 0..4);
     assert_eq!(grown(1), mask + 3 * cache);
+}
+
+#[test]
+fn under_op_offload_the_first_of_two_gpus_holds_only_the_masks_its_and_the_hosts_layers_read() {
+    // Layers 0-2 slide over a window, layer 3 attends to everything (gemma3's pattern of 4):
+    // only the global layer's mask grows with the context.
+    let mut m = Model::llama(4, 16 * MIB);
+    m.arch = "gemma3";
+    m.kv.push(("attention.sliding_window", Value::U32(512)));
+    m.kv.push(("attention.sliding_window_pattern", Value::U32(4)));
+    let h = m.header();
+    let (short, long) = (flags(16384, 1), flags(32768, 1));
+    let (ps, pl) = (
+        crate::gguf::memory::parts(&h, &short),
+        crate::gguf::memory::parts(&h, &long),
+    );
+    let grown = pl.mask_full - ps.mask_full;
+    assert!(grown > 0 && pl.mask_window == ps.mask_window && pl.kv[0] == ps.kv[0]);
+    let first = |ngl: u32, split: &[f64]| {
+        let at = |f: &Flags| place(&h, f, ngl, split).unwrap();
+        let (s, l) = (at(&short), at(&long));
+        assert_eq!(s.devices[0].layers, l.devices[0].layers);
+        (
+            s.host.layers,
+            s.devices[0].layers.clone(),
+            l.devices[0].compute - s.devices[0].compute,
+        )
+    };
+    // The host's window layers and none on the first GPU: the global layer's mask goes to the
+    // second GPU, which runs that layer.
+    assert_eq!(first(2, &[0.0, 1.0]), (0..3, 0..0, 0));
+    // One GPU with the same host layers runs the global layer too, and holds its mask.
+    assert_eq!(first(2, &[1.0]), (0..3, 3..4, grown));
+    // So does the first of two holding the global layer.
+    assert_eq!(first(3, &[2.0, 1.0]), (0..2, 2..4, grown));
 }

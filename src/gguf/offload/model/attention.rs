@@ -313,7 +313,10 @@ impl Model {
                 c = c.max(u.borrowed(mask_of(p.mask_layers.get(last as usize))));
             }
             if d == 0 && op_offload {
-                c = c.max(u.borrowed(all_masks));
+                let (full, window) = self.first_gpu_masks(host, (full, window));
+                let held =
+                    mask_of(full.then_some(&Mask::Full)) + mask_of(window.then_some(&Mask::Window));
+                c = c.max(u.borrowed(held));
             }
             s.compute = clamp(c);
         }
