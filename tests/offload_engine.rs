@@ -42,7 +42,9 @@ use std::sync::Mutex;
 
 use modelserve::gguf::header::{Header, Value};
 use modelserve::gguf::memory::{CTX_CHECKPOINTS, Flags, OUTPUTS_PER_SLOT_FROM, estimate};
-use modelserve::gguf::offload::{Backend, Decision, Device, Placement, decide_on, place_on};
+use modelserve::gguf::offload::{
+    Backend, Decision, Device, DeviceShare, Placement, decide_on, place_on,
+};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot};
 use support::models::{QUANTIZED, quantized};
@@ -678,6 +680,40 @@ impl Table {
         )
     }
 
+    /// Device `i`'s cells of a row (`at`: the model and setting): its weights, KV cache and
+    /// state exactly the engine's (`b`, the device at `endpoint`), its compute near it.
+    fn device(
+        &mut self,
+        at: &str,
+        name: &str,
+        set: &str,
+        (i, d): (usize, &DeviceShare),
+        (b, endpoint): (&Buffers, &str),
+    ) -> [String; 4] {
+        let what = format!("{at} device {i}");
+        [
+            self.exact(
+                &format!("{what} weights"),
+                d.weights,
+                b.device("model", endpoint),
+            ),
+            self.exact(&format!("{what} KV"), d.kv, b.device("KV", endpoint)),
+            self.exact(
+                &format!("{what} state"),
+                d.recurrent,
+                b.device("RS", endpoint),
+            ),
+            self.near(
+                &what,
+                name,
+                set,
+                &format!("dev{i}"),
+                d.compute,
+                b.device("compute", endpoint),
+            ),
+        ]
+    }
+
     /// Whether the engine turned flash attention off, as its `log` says; the placement must say
     /// the same.
     fn flash_attention_off(&mut self, at: &str, log: &str, p: &Placement) -> bool {
@@ -739,27 +775,19 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
             let fa_off = t.flash_attention_off(&at, &s.log_text(), &p);
             let dagger = if fa_off { "†" } else { "" };
             for (i, (d, dev)) in p.devices.iter().zip(servers).enumerate() {
-                let what = format!("{at} device {i}");
-                let ep = &dev.endpoint;
-                let line = format!(
+                let [weights, kv, state, compute] =
+                    t.device(&at, &name, set, (i, d), (&b, &dev.endpoint));
+                t.lines.push(format!(
                     "{:<38} {:<16} {:<5} {:>15} {:>15} {:>13} {:>13} {:>13}",
                     name,
                     set,
                     format!("dev{i}"),
-                    t.exact(&format!("{what} weights"), d.weights, b.device("model", ep)),
+                    weights,
                     "",
-                    t.exact(&format!("{what} KV"), d.kv, b.device("KV", ep)),
-                    t.exact(&format!("{what} state"), d.recurrent, b.device("RS", ep)),
-                    t.near(
-                        &what,
-                        &name,
-                        set,
-                        &format!("dev{i}"),
-                        d.compute,
-                        b.device("compute", ep)
-                    ) + dagger,
-                );
-                t.lines.push(line);
+                    kv,
+                    state,
+                    compute + dagger,
+                ));
             }
             let host = &p.host;
             let what = format!("{at} host");
@@ -875,26 +903,18 @@ async fn a_gpu_that_runs_the_hosts_prompt_holds_the_placements_compute() {
             let fa_off = t.flash_attention_off(&at, &s.log_text(), &p);
             let dagger = if fa_off { "†" } else { "" };
             for (i, (d, dev)) in p.devices.iter().zip(servers).enumerate() {
-                let ep = &dev.endpoint;
-                let what = format!("{at} device {i}");
-                let line = format!(
+                let [weights, kv, state, compute] =
+                    t.device(&at, &name, set, (i, d), (&b, &dev.endpoint));
+                t.lines.push(format!(
                     "{:<38} {:<20} {:<5} {:>15} {:>13} {:>13} {:>15}",
                     name,
                     set,
                     format!("dev{i}"),
-                    t.exact(&format!("{what} weights"), d.weights, b.device("model", ep)),
-                    t.exact(&format!("{what} KV"), d.kv, b.device("KV", ep)),
-                    t.exact(&format!("{what} state"), d.recurrent, b.device("RS", ep)),
-                    t.near(
-                        &what,
-                        &name,
-                        set,
-                        &format!("dev{i}"),
-                        d.compute,
-                        b.device("compute", ep)
-                    ) + dagger,
-                );
-                t.lines.push(line);
+                    weights,
+                    kv,
+                    state,
+                    compute + dagger,
+                ));
             }
             let host = &p.host;
             let what = format!("{at} host");

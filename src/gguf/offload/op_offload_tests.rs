@@ -4,7 +4,6 @@
 use super::layout_tests::deepseek2;
 use super::tests::{MIB, Model, flags, hybrid};
 use super::*;
-use crate::gguf::header::Value;
 use crate::gguf::memory::{Flags, estimate, repack};
 
 #[test]
@@ -115,13 +114,9 @@ fn under_op_offload_a_host_layers_latent_cache_is_copied_in_as_keys_and_as_value
 
 #[test]
 fn under_op_offload_the_first_of_two_gpus_holds_only_the_masks_its_and_the_hosts_layers_read() {
-    // Layers 0-2 slide over a window, layer 3 attends to everything (gemma3's pattern of 4):
-    // only the global layer's mask grows with the context.
-    let mut m = Model::llama(4, 16 * MIB);
-    m.arch = "gemma3";
-    m.kv.push(("attention.sliding_window", Value::U32(512)));
-    m.kv.push(("attention.sliding_window_pattern", Value::U32(4)));
-    let h = m.header();
+    // Layers 0-2 slide over a window, layer 3 attends to everything: only the global layer's
+    // mask grows with the context.
+    let h = Model::llama(4, 16 * MIB).windowed().header();
     let (short, long) = (flags(16384, 1), flags(32768, 1));
     let (ps, pl) = (
         crate::gguf::memory::parts(&h, &short),

@@ -62,12 +62,11 @@ fn the_host_keeps_the_graphs_inputs_and_the_pipeline_four_copies() {
 
 #[test]
 fn a_device_reads_only_the_masks_of_its_layers() {
-    // Layers 0-2 slide over a window, layer 3 attends to everything (gemma3's pattern of 4).
-    let mut m = Model::llama(4, 16 * MIB);
-    m.arch = "gemma3";
-    m.kv.push(("attention.sliding_window", Value::U32(512)));
-    m.kv.push(("attention.sliding_window_pattern", Value::U32(4)));
-    let (h, f) = (m.header(), flags(16384, 1));
+    // Layers 0-2 slide over a window, layer 3 attends to everything.
+    let (h, f) = (
+        Model::llama(4, 16 * MIB).windowed().header(),
+        flags(16384, 1),
+    );
     let p = parts(&h, &f);
     assert!(p.mask_full > 0 && p.mask_window > 0);
     let split = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();

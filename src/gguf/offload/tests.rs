@@ -57,6 +57,16 @@ impl Model {
         self
     }
 
+    /// gemma3's attention pattern of 4: three layers slide over a 512-token window, the fourth
+    /// attends to everything.
+    pub(super) fn windowed(mut self) -> Model {
+        self.arch = "gemma3";
+        self.kv.push(("attention.sliding_window", Value::U32(512)));
+        self.kv
+            .push(("attention.sliding_window_pattern", Value::U32(4)));
+        self
+    }
+
     pub(super) fn header(&self) -> Header {
         let arch = self.arch;
         let mut kv: Vec<(String, Value)> = vec![

@@ -300,11 +300,14 @@ impl Model {
                 _ => 0,
             })
         };
+        let both = |(full, window): (bool, bool)| {
+            mask_of(full.then_some(&Mask::Full)) + mask_of(window.then_some(&Mask::Window))
+        };
         let all_masks = u128::from(p.masks);
         let op_offload = self.backend.op_offload && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
         for (d, s) in devices.iter_mut().enumerate() {
-            let (full, window) = masks.get(d).copied().unwrap_or_default();
-            let m = mask_of(full.then_some(&Mask::Full)) + mask_of(window.then_some(&Mask::Window));
+            let own = masks.get(d).copied().unwrap_or_default();
+            let m = both(own);
             let mut c = u128::from(s.compute);
             if self.runs_attention(s.layers.clone()) {
                 c = (c + m).max(u.own(m));
@@ -313,10 +316,7 @@ impl Model {
                 c = c.max(u.borrowed(mask_of(p.mask_layers.get(last as usize))));
             }
             if d == 0 && op_offload {
-                let (full, window) = self.first_gpu_masks(host, (full, window));
-                let held =
-                    mask_of(full.then_some(&Mask::Full)) + mask_of(window.then_some(&Mask::Window));
-                c = c.max(u.borrowed(held));
+                c = c.max(u.borrowed(both(self.first_gpu_masks(host, own))));
             }
             s.compute = clamp(c);
         }
