@@ -75,13 +75,13 @@ const OVER: f64 = 1.20;
 const OVER_TINY: f64 = 1.55;
 
 /// Compute buffers the placement does not get within 5% (b11312, measured 2026-12-03; the op
-/// offload settings 2026-12-04, on two devices 2026-12-05), and the most each may be off (estimate / engine - 1, either
-/// way), so that a change for the worse fails: (model file prefix, setting, where, most, what
-/// is not modelled). Under-estimates are the ones that would matter (a device's share is then
-/// short by that much of its headroom, a pod's memory by that much of the host part): the
-/// settings without op offload have none left; under op offload (CUDA's rule, which
-/// llama.cpp's own --fit does not model either) MoE blocks running on the device for the host
-/// are not modelled yet.
+/// offload settings 2026-12-04, on two devices 2026-12-05), and the most each may be off
+/// (estimate / engine - 1, either way), so that a change for the worse fails: (model file
+/// prefix, setting, where, most, what is not modelled). Under-estimates are the ones that would
+/// matter (a device's share is then short by that much of its headroom, a pod's memory by that
+/// much of the host part): the settings without op offload have none left; under op offload
+/// (CUDA's rule, which llama.cpp's own --fit does not model either) MoE blocks running on the
+/// device for the host are not modelled yet.
 const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
     (
         "llama-tiny-f16",
@@ -374,8 +374,8 @@ const SCAN_OVER: &str = "over: the host's recurrent layers' prompt here, at memo
      phase";
 const LAST_LATENT_OVER: &str = "over: a device with the last latent-attention block alone is \
      counted at the latent rows traced on the host (Model::latent_unfragmented); after another \
-     device, the engine's peaks at 28.01 MiB: its split's two input copies, the mask, and the \
-     query's rows (q_pe, the absorbed query, Qcur; alloc trace)";
+     device, the engine's device peaks at 28.01 MiB: its split's two input copies, the mask, \
+     and the query's rows (q_pe, the absorbed query, Qcur; alloc trace)";
 
 /// The quantized models' cache: beside the llama.cpp build ($MODELSERVE_CACHE, else
 /// ~/.cache/modelserve), keyed by what makes them (testbed/gen_gguf.py and versions.env). They
