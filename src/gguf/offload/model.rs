@@ -13,6 +13,7 @@ use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
 use attention::{Unfused, attention_rows};
+use op_offload::first_gpu_masks;
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -218,8 +219,8 @@ impl Model {
         unfused: bool,
     ) -> Shares {
         let mut devices = vec![DeviceShare::default(); gpus];
-        // The masks each GPU's layers read (full, window): a split's inputs go where it runs.
-        let mut masks = vec![(false, false); gpus];
+        // The masks each GPU's layers read (full, window), then the host's layers' ones.
+        let mut masks = vec![(false, false); gpus + 1];
         let mut host = HostShare {
             weights: self.input,
             ..HostShare::default()
@@ -234,12 +235,11 @@ impl Model {
                 at(&self.parts.recurrent),
             );
             let gpu = self.device_of(il, ngl, cumulative).filter(|d| *d < gpus);
-            if let Some(d) = gpu {
-                match self.parts.mask_layers.get(i) {
-                    Some(Mask::Full) => masks[d].0 = true,
-                    Some(Mask::Window) => masks[d].1 = true,
-                    _ => {}
-                }
+            let reads = &mut masks[gpu.unwrap_or(gpus)];
+            match self.parts.mask_layers.get(i) {
+                Some(Mask::Full) => reads.0 = true,
+                Some(Mask::Window) => reads.1 = true,
+                _ => {}
             }
             match gpu.and_then(|d| devices.get_mut(d)) {
                 Some(s) => {
@@ -428,7 +428,7 @@ impl Model {
                 } else {
                     0
                 };
-                let held = self.first_gpu_masks(host, masks.get(d).copied().unwrap_or_default());
+                let held = first_gpu_masks(masks);
                 c = c
                     .max(block + mask(held) + u128::from(p.scaled))
                     .max(self.offloaded_attention(host) + experts)

@@ -316,7 +316,7 @@ impl Model {
                 c = c.max(u.borrowed(mask_of(p.mask_layers.get(last as usize))));
             }
             if d == 0 && op_offload {
-                c = c.max(u.borrowed(both(self.first_gpu_masks(host, own))));
+                c = c.max(u.borrowed(both(super::op_offload::first_gpu_masks(masks))));
             }
             s.compute = clamp(c);
         }

@@ -67,26 +67,6 @@ impl Model {
             .unwrap_or(0)
     }
 
-    /// Under op offload, the masks (full, window) the first GPU holds: those its own layers
-    /// read, `own`, and those the host's layers read, copied in with their attention. A mask
-    /// that neither reads goes straight to the GPU whose layers read it (a split's inputs go
-    /// where it runs: GGML_SCHED_DEBUG's split inputs). The tiny gemma3 model over two
-    /// rpc-server devices given CUDA's offload rule, window-attention layers on the host: the
-    /// first device held 1.76 MiB with none on it (`-ngl 2 -ts 0,2`; estimate 1.95, the KV
-    /// copies fitting in holes) and 2.01 MiB with window-attention layers 1-4 (`-ngl 6 -ts
-    /// 4,2`; estimate 1.94, its first layer's FFN rows above the mask), where all the masks
-    /// counted 5.88; once it held the global layer, 5.76 MiB as on one device. Without flash
-    /// attention, 8.51 MiB against 41.01 on one device.
-    pub(super) fn first_gpu_masks(&self, host: &HostShare, own: (bool, bool)) -> (bool, bool) {
-        host.layers.clone().fold(own, |(full, window), il| {
-            match self.parts.mask_layers.get(il as usize) {
-                Some(Mask::Full) => (true, window),
-                Some(Mask::Window) => (full, true),
-                _ => (full, window),
-            }
-        })
-    }
-
     /// Whether any layer keeps a recurrent state.
     pub(super) fn any_recurrent(&self) -> bool {
         self.parts.recurrent.iter().any(|b| *b > 0)
@@ -101,4 +81,23 @@ impl Model {
     pub(super) fn host_runs_prompts(&self, host: &HostShare) -> bool {
         self.any_recurrent() && !host.layers.is_empty()
     }
+}
+
+/// Under op offload, the masks (full, window) the first GPU holds, of `masks` (each GPU's, then the
+/// host's, as `Model::shares_as` collects them): those its own layers read, and those the host's
+/// layers read, copied in with their attention. A mask that neither reads goes straight to the GPU
+/// whose layers read it (a split's inputs go where it runs: GGML_SCHED_DEBUG's split inputs). The
+/// tiny gemma3 model over two rpc-server devices given CUDA's offload rule, window-attention layers
+/// on the host: the first device held 1.76 MiB with none on it (`-ngl 2 -ts 0,2`; estimate 1.95,
+/// the KV copies fitting in holes) and 2.01 MiB with window-attention layers 1-4 (`-ngl 6 -ts 4,2`;
+/// estimate 1.94, its first layer's FFN rows above the mask), where all the masks counted 5.88;
+/// once it held the global layer, 5.76 MiB as on one device. Without flash attention, 8.51 MiB
+/// against 41.01 on one device.
+pub(super) fn first_gpu_masks(masks: &[(bool, bool)]) -> (bool, bool) {
+    let (own, host) = (masks.first(), masks.last());
+    let (a, b) = (
+        own.copied().unwrap_or_default(),
+        host.copied().unwrap_or_default(),
+    );
+    (a.0 || b.0, a.1 || b.1)
 }
