@@ -169,6 +169,9 @@ pub(crate) struct Parts {
     pub unclamped: u128,
     /// Bytes of each layer's KV cache (`block_count` entries; none in the fallback).
     pub kv: Vec<u64>,
+    /// Bytes of each layer's values in its KV cache (none where attention reads them from the
+    /// keys' rows).
+    pub kv_values: Vec<u64>,
     /// Bytes of each layer's recurrent state, all slots together.
     pub recurrent: Vec<u64>,
     /// The compute buffer's parts (it is the larger of activations, `scaled` and masks, and of
@@ -184,6 +187,8 @@ pub(crate) struct Parts {
     pub mask_layers: Vec<Mask>,
     /// One ubatch of the residual stream (n_embd f32 per token).
     pub residual: u64,
+    /// One ubatch of the widest layer's query rows (heads by key width, f32).
+    pub query: u64,
     /// The FFN phase of `activations` alone (dense or MoE; no scan, no latent attention): the
     /// rows a hybrid model's host layer leaves below its attention's copies on a GPU under op
     /// offload (`offload`), where the scan phase is not alive.
@@ -305,8 +310,13 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     let (mut kv, mut per_token, mut swa_layers, mut full_layers) = (0u128, 0u128, 0u64, 0u64);
     let mut swa_row = 0u128;
     let mut kv_layers = vec![0u64; usize::try_from(n_layer).unwrap_or(0)];
+    let mut kv_values = vec![0u64; kv_layers.len()];
     let mut mask_layers = vec![Mask::None; kv_layers.len()];
-    for ((il, layer_kv), mask) in (0..n_layer).zip(kv_layers.iter_mut()).zip(&mut mask_layers) {
+    for (((il, layer_kv), values), mask) in (0..n_layer)
+        .zip(kv_layers.iter_mut())
+        .zip(kv_values.iter_mut())
+        .zip(&mut mask_layers)
+    {
         if !has_kv(il) {
             continue;
         }
@@ -327,6 +337,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         let cells = if swa { swa_cells } else { full_cells };
         kv += row * cells;
         *layer_kv = bytes(row * cells);
+        *values = bytes(v_width * KV_ELEMENT_BYTES * cells);
         if swa {
             swa_row += row;
             swa_layers += 1;
@@ -443,6 +454,11 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         0
     };
     let head_k0 = head_k * u128::from(n_head0);
+    let n_head = (0..n_layer)
+        .filter_map(|il| hp.per_layer(&HEAD_COUNT, il))
+        .max()
+        .unwrap_or(n_head0);
+    let query = ubatch * 4 * head_k.max(head_k_swa) * u128::from(n_head);
     let widest = [n_ff, n_embd_w, head_k0, n_ff_moe]
         .into_iter()
         .max()
@@ -525,6 +541,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         estimate: e,
         unclamped: total,
         kv: kv_layers,
+        kv_values,
         recurrent: recurrent_layers,
         logits: bytes(logits),
         activations: bytes(activations),
@@ -533,6 +550,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         mask_window: bytes(mask_window),
         mask_layers,
         residual: bytes(residual),
+        query: bytes(query),
         ffn: bytes(ubatch * 4 * ffn_phase),
         scaled: bytes(scaled),
         out_rows: bytes(out_rows),

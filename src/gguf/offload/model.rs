@@ -328,8 +328,9 @@ impl Model {
     /// - op offload (where the backend has it): a prompt's matrix multiplies whose weights are
     ///   in host memory run on the first GPU (`ggml_backend_sched_backend_id_from_cur`,
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
-    ///   counted once), and the weightless operations between them follow it there, a host
-    ///   layer's attention with its mask and KV cache copied in (`Model::offloaded_attention`);
+    ///   beside a host block's FFN rows), and the weightless operations between them follow it
+    ///   there, a host layer's attention with its mask and KV cache copied in
+    ///   (`Model::offloaded_attention`);
     ///   the host runs only the token-by-token graph of its layers, keeping the key and value
     ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
     ///   with recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
@@ -421,18 +422,12 @@ impl Model {
                 c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             if d == 0 && op_offload {
-                // A host MoE block's FFN copies its gate and up experts in for two splits in a
-                // row, both alive below the next attention's copies.
-                let experts = if self.moe(host) {
-                    u128::from(largest)
-                } else {
-                    0
-                };
+                // The host blocks' FFN with the weight copied in, or their attention with its
+                // copies (which holds what weights it keeps).
                 let held = first_gpu_masks(masks);
                 c = c
-                    .max(block + mask(held) + u128::from(p.scaled))
-                    .max(self.offloaded_attention(host) + experts)
-                    + u128::from(largest);
+                    .max(block + mask(held) + u128::from(p.scaled) + u128::from(largest))
+                    .max(self.offloaded_attention(host, largest));
                 if host.output {
                     c += logits;
                 }

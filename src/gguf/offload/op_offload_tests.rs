@@ -24,12 +24,15 @@ fn beside_cuda_nothing_on_the_host_is_repacked() {
 #[test]
 fn under_op_offload_the_gpu_copies_in_a_host_layers_kv_cache_and_mask_for_its_attention() {
     let h = Model::llama(4, 16 * MIB).header();
-    let (short, long) = (flags(4096, 1), flags(32768, 1));
+    let (short, long) = (flags(32768, 1), flags(65536, 1));
     let (ps, pl) = (
         crate::gguf::memory::parts(&h, &short),
         crate::gguf::memory::parts(&h, &long),
     );
-    let grown = (pl.kv[0] - ps.kv[0]) + (pl.mask_full - ps.mask_full);
+    // Its second host layer's value copy lands above the mask the first one's copies are
+    // below.
+    let grown =
+        (pl.kv[0] - ps.kv[0]) + (pl.mask_full - ps.mask_full) + (pl.kv_values[1] - ps.kv_values[1]);
     let cuda = |f: &Flags| place(&h, f, 3, &[1.0]).unwrap().devices[0].compute;
     let rpc = |f: &Flags| place_on(&h, f, 3, &[1.0], Backend::RPC).unwrap().devices[0].compute;
     // The host's KV cache grows with the context, and a CUDA GPU's compute buffer with it.

@@ -18,14 +18,15 @@ fn rpc_devices_do_not_run_the_hosts_matrix_multiplies() {
     let cuda = place(&h, &f, 3, &[1.0]).unwrap();
     let rpc = place_on(&h, &f, 3, &[1.0], Backend::RPC).unwrap();
     let ffn = 64 * MIB - N_EMBD * 4;
-    // CUDA copies the largest host weight in, and a host layer's mask and KV cache for its
-    // attention.
+    // CUDA copies the largest host weight in for the FFN, and a host layer's mask and KV
+    // cache for its attention.
     let p = parts(&h, &f);
-    let attention = p.ffn - p.residual + p.mask_full + p.kv[0];
+    let rows = p.activations - p.residual + p.mask_full + ffn;
+    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
     assert!(attention > 0 && p.kv[0] > 0);
     assert_eq!(
         cuda.devices[0].compute,
-        rpc.devices[0].compute.max(attention) + ffn
+        rpc.devices[0].compute.max(rows).max(attention)
     );
     // The host runs its layers' prompt itself: the CPU's own compute figure.
     assert_eq!(rpc.host.compute, estimate(&h, &f).compute);

@@ -309,14 +309,18 @@ fn a_gpu_running_any_layer_needs_one_layers_compute_and_the_first_copies_host_we
     let full = place(&h, &f, 5, &[1.0]).unwrap();
     let some = place(&h, &f, 3, &[1.0]).unwrap();
     // The prompt's multiplies with weights left on the host run on the GPU, which copies the
-    // largest of them (a block's FFN weight) into its compute buffer, and so does the
-    // attention after them, with its mask and the layer's KV cache copied in.
+    // largest of them (a block's FFN weight) into its compute buffer beside the FFN's rows,
+    // and so does the attention after them, with its mask and the layer's KV cache copied in
+    // above the input, norm and query rows (the second layer's value copy above the mask), and
+    // its output on top.
     let ffn = 64 * MIB - N_EMBD * 4;
     let p = crate::gguf::memory::parts(&h, &f);
-    let attention = p.ffn - p.residual + p.mask_full + p.kv[0];
+    let rows = p.activations - p.residual + p.mask_full + ffn;
+    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
+    assert!(p.query > 0 && p.kv_values[1] == p.kv[1] / 2);
     assert_eq!(
         some.devices[0].compute,
-        full.devices[0].compute.max(attention) + ffn
+        full.devices[0].compute.max(rows).max(attention)
     );
     assert!(
         some.host.compute > full.host.compute,

@@ -10,20 +10,80 @@ impl Model {
     /// engine copies in the mask that layer reads (kept until its last reader) and the layer's
     /// whole KV cache, the views flash attention reads, since the KV cache stays in host
     /// memory (`## SPLIT` inputs `cache_k_l0 (view)`, `cache_v_l0 (view)`, `attn_inp_kq_mask`
-    /// in llama-server's `GGML_SCHED_DEBUG` log). Those land above the layer's rows, which
-    /// memory's activations before them bound (the FFN phase, or latent attention's; without
-    /// the residual). Over RPC devices given CUDA's offload rule: within 1% for the H200's
-    /// llama at 8192 cells, above elsewhere where the copies partly fit in the rows' holes
-    /// (up to 1.7x, phi3's F16 model), below for the tiny MoE model (tests/offload_engine.rs
-    /// lists each with its bound).
+    /// in llama-server's `GGML_SCHED_DEBUG` log). `largest` is the largest host weight the GPU
+    /// copies in.
+    ///
+    /// Below the copies lie the rows the first attending layer made before them: the graph's
+    /// input, its norm and two query rows (the projection and its roped copy); the weights
+    /// copied in for the projections are freed by then and their holes reused
+    /// (GGML_ALLOCATOR_DEBUG's layouts over an rpc-server device given CUDA's offload rule,
+    /// llama at 5.51 MiB, phi3 at 37.85 beside its FFN's 47.22, qwen3moe at 6.77 and 26.53 for
+    /// its first layer). A later layer's key copy fits in the first one's holes; its value copy
+    /// fits only where the rows before it land no higher than the first layer's did, which
+    /// the router's rows of a MoE block or a layer's output put higher (qwen3moe at 7.77 and
+    /// 34.53 MiB, qwen2 at 6.01), and where not it lands above the mask: counted for every
+    /// later layer whose cache is no larger than the first's (llama's fitted, 5.51 MiB). A
+    /// larger one (gemma3's global layer after window layers) is counted whole above the
+    /// rows, as its copies do not fit in the first's holes. The attention's output (a query's
+    /// rows) lands on top (phi3, and gemma3 at 1.76 MiB on the first of two devices), or in a
+    /// hole (llama).
+    ///
+    /// A latent cache and a hybrid model keep the bound traced before: the rows of memory's
+    /// activations (the FFN phase, or latent attention's; without the residual) below the
+    /// copies, and the weights copied in (`rows_below`).
+    pub(super) fn offloaded_attention(&self, host: &HostShare, largest: u64) -> u128 {
+        let p = &self.parts;
+        let traced = !p.latent_cache && !self.any_recurrent();
+        if !traced {
+            return self.rows_below(host, largest);
+        }
+        let pre = 2 * u128::from(p.residual) + 2 * u128::from(p.query);
+        let out = u128::from(p.query);
+        let attending: Vec<usize> = host
+            .layers
+            .clone()
+            .map(|il| il as usize)
+            .filter(|i| self.mask_of(*i).is_some())
+            .collect();
+        let first = attending.first().and_then(|i| p.kv.get(*i)).copied();
+        attending
+            .iter()
+            .enumerate()
+            .filter_map(|(k, i)| {
+                let (mask, kv) = (self.mask_of(*i)?, *p.kv.get(*i)?);
+                let above = if k > 0 && Some(kv) <= first {
+                    p.kv_values.get(*i).copied().unwrap_or(0)
+                } else {
+                    0
+                };
+                Some(pre + u128::from(mask) + u128::from(kv) + u128::from(above) + out)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The mask layer `i` reads, in bytes; None for a layer without attention.
+    fn mask_of(&self, i: usize) -> Option<u64> {
+        let p = &self.parts;
+        match p.mask_layers.get(i)? {
+            Mask::Full => Some(p.mask_full),
+            Mask::Window => Some(p.mask_window),
+            Mask::None => None,
+        }
+    }
+
+    /// [`Model::offloaded_attention`] for a latent cache or a hybrid model: the rows below, the
+    /// FFN phase's or latent attention's where that is larger (memory's activations; a hybrid's
+    /// scan phase is not among them), then the mask and the copies, with the weight copied in
+    /// (and for a host MoE block, its gate and up experts, both alive below the next
+    /// attention's copies). Over RPC devices given CUDA's offload rule: above where the copies
+    /// partly fit in the rows' holes (tests/offload_engine.rs lists each with its bound).
     ///
     /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
     /// run: the hybrid granite model ran its other host layers' attention on the CPU
     /// (`Model::host_runs_prompts`).
-    pub(super) fn offloaded_attention(&self, host: &HostShare) -> u128 {
+    fn rows_below(&self, host: &HostShare, largest: u64) -> u128 {
         let p = &self.parts;
-        // The rows below: the FFN phase's, or latent attention's where that is larger (memory's
-        // activations); a hybrid's scan phase is not among them.
         let phase = if self.any_recurrent() {
             p.ffn
         } else {
@@ -42,29 +102,23 @@ impl Model {
         // 32768 cells: two `(permuted)` copies, and the second layer's second above the mask).
         let attending = layers
             .clone()
-            .filter(|il| {
-                p.mask_layers
-                    .get(*il as usize)
-                    .is_some_and(|m| *m != Mask::None)
-            })
+            .filter(|il| self.mask_of(*il as usize).is_some())
             .count();
         let copies = match (p.latent_cache, attending) {
             (false, _) => 1,
             (true, 0 | 1) => 2,
             (true, _) => 3,
         };
+        let experts = if self.moe(host) { largest } else { 0 };
+        let weights = u128::from(largest) + u128::from(experts);
         layers
             .filter_map(|il| {
                 let i = il as usize;
-                let mask = match p.mask_layers.get(i)? {
-                    Mask::Full => p.mask_full,
-                    Mask::Window => p.mask_window,
-                    Mask::None => return None,
-                };
+                let mask = self.mask_of(i)?;
                 Some(rows + u128::from(mask) + copies * u128::from(*p.kv.get(i)?))
             })
             .max()
-            .unwrap_or(0)
+            .map_or(weights, |a| a + weights)
     }
 
     /// Whether any layer keeps a recurrent state.
@@ -88,11 +142,11 @@ impl Model {
 /// layers read, copied in with their attention. A mask that neither reads goes straight to the GPU
 /// whose layers read it (a split's inputs go where it runs: GGML_SCHED_DEBUG's split inputs). The
 /// tiny gemma3 model over two rpc-server devices given CUDA's offload rule, window-attention layers
-/// on the host: the first device held 1.76 MiB with none on it (`-ngl 2 -ts 0,2`; estimate 1.95,
-/// the KV copies fitting in holes) and 2.01 MiB with window-attention layers 1-4 (`-ngl 6 -ts 4,2`;
-/// estimate 1.94, its first layer's FFN rows above the mask), where all the masks counted 5.88;
-/// once it held the global layer, 5.76 MiB as on one device. Without flash attention, 8.51 MiB
-/// against 41.01 on one device.
+/// on the host: the first device held 1.76 MiB with none on it (`-ngl 2 -ts 0,2`; estimate 2.03,
+/// the KV copies and the attention's output fitting in holes) and 2.01 MiB with window-attention
+/// layers 1-4 (`-ngl 6 -ts 4,2`; estimate 1.94, its first layer's FFN rows above the mask), where
+/// all the masks counted 5.88; once it held the global layer, 5.76 MiB as on one device. Without
+/// flash attention, 8.51 MiB against 41.01 on one device.
 pub(super) fn first_gpu_masks(masks: &[(bool, bool)]) -> (bool, bool) {
     let (own, host) = (masks.first(), masks.last());
     let (a, b) = (
