@@ -302,6 +302,16 @@ fn an_uneven_tensor_split_moves_layers_to_the_larger_gpu() {
     assert!(skip.devices[1].layers.is_empty() && skip.devices[1].weights == 0);
 }
 
+/// Under op offload, the first GPU's peak for two or more of `Model::llama`'s blocks on the host
+/// (parts `p`, the largest host weight `weight`): their FFN's rows with the weight copied in, or
+/// an attention's mask and KV cache copied in above the input, norm and query rows, with the
+/// second layer's value copy above the mask and the output on top.
+pub(super) fn op_offload_peak(p: &crate::gguf::memory::Parts, weight: u64) -> u64 {
+    let rows = p.activations - p.residual + p.mask_full + weight;
+    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
+    rows.max(attention)
+}
+
 #[test]
 fn a_gpu_running_any_layer_needs_one_layers_compute_and_the_first_copies_host_weights() {
     let h = Model::llama(4, 64 * MIB).header();
@@ -315,12 +325,10 @@ fn a_gpu_running_any_layer_needs_one_layers_compute_and_the_first_copies_host_we
     // its output on top.
     let ffn = 64 * MIB - N_EMBD * 4;
     let p = crate::gguf::memory::parts(&h, &f);
-    let rows = p.activations - p.residual + p.mask_full + ffn;
-    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
     assert!(p.query > 0 && p.kv_values[1] == p.kv[1] / 2);
     assert_eq!(
         some.devices[0].compute,
-        full.devices[0].compute.max(rows).max(attention)
+        full.devices[0].compute.max(op_offload_peak(&p, ffn))
     );
     assert!(
         some.host.compute > full.host.compute,

@@ -39,24 +39,27 @@ impl Model {
         }
         let pre = 2 * u128::from(p.residual) + 2 * u128::from(p.query);
         let out = u128::from(p.query);
-        let attending: Vec<usize> = host
+        // Each attending host layer's mask, KV cache and value part.
+        let attending: Vec<(u64, u64, u64)> = host
             .layers
             .clone()
-            .map(|il| il as usize)
-            .filter(|i| self.mask_of(*i).is_some())
+            .filter_map(|il| {
+                let i = il as usize;
+                let values = p.kv_values.get(i).copied().unwrap_or(0);
+                Some((self.mask_of(i)?, *p.kv.get(i)?, values))
+            })
             .collect();
-        let first = attending.first().and_then(|i| p.kv.get(*i)).copied();
+        let first = attending.first().map(|(_, kv, _)| *kv);
         attending
             .iter()
             .enumerate()
-            .filter_map(|(k, i)| {
-                let (mask, kv) = (self.mask_of(*i)?, *p.kv.get(*i)?);
+            .map(|(k, &(mask, kv, values))| {
                 let above = if k > 0 && Some(kv) <= first {
-                    p.kv_values.get(*i).copied().unwrap_or(0)
+                    values
                 } else {
                     0
                 };
-                Some(pre + u128::from(mask) + u128::from(kv) + u128::from(above) + out)
+                pre + u128::from(mask) + u128::from(kv) + u128::from(above) + out
             })
             .max()
             .unwrap_or(0)
