@@ -145,3 +145,13 @@ fn under_op_offload_the_first_of_two_gpus_holds_only_the_masks_its_and_the_hosts
     // So does the first of two holding the global layer.
     assert_eq!(first(3, &[2.0, 1.0]), (0..2, 2..4, grown));
 }
+
+/// Under op offload, the first GPU's peak for two or more of `Model::llama`'s blocks on the host
+/// (parts `p`, the largest host weight `weight`): their FFN's rows with the weight copied in, or
+/// an attention's mask and KV cache copied in above the input, norm and query rows, with the
+/// second layer's value copy above the mask and the output on top.
+pub(super) fn op_offload_peak(p: &crate::gguf::memory::Parts, weight: u64) -> u64 {
+    let rows = p.activations - p.residual + p.mask_full + weight;
+    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
+    rows.max(attention)
+}

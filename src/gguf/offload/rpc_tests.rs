@@ -1,7 +1,8 @@
 //! The placement against what llama-server logged over llama.cpp's RPC backend (each
 //! rpc-server a device; tests/offload_engine.rs runs it), on headers built by hand.
 
-use super::tests::{GIB, MIB, Model, N_EMBD, flags, gpus, op_offload_peak};
+use super::op_offload_tests::op_offload_peak;
+use super::tests::{GIB, MIB, Model, N_EMBD, flags, gpus};
 use super::*;
 use crate::gguf::header::Value;
 use crate::gguf::memory::{self, estimate, parts};

@@ -1,5 +1,6 @@
 //! The placement against the engine's rules, on headers built by hand.
 
+use super::op_offload_tests::op_offload_peak;
 use super::*;
 use crate::gguf::header::{TensorInfo, Value, parse, write};
 use crate::gguf::memory::{estimate, repack};
@@ -300,16 +301,6 @@ fn an_uneven_tensor_split_moves_layers_to_the_larger_gpu() {
     // A GPU with no share holds nothing.
     let skip = place(&h, &f, 8, &[1.0, 0.0, 1.0]).unwrap();
     assert!(skip.devices[1].layers.is_empty() && skip.devices[1].weights == 0);
-}
-
-/// Under op offload, the first GPU's peak for two or more of `Model::llama`'s blocks on the host
-/// (parts `p`, the largest host weight `weight`): their FFN's rows with the weight copied in, or
-/// an attention's mask and KV cache copied in above the input, norm and query rows, with the
-/// second layer's value copy above the mask and the output on top.
-pub(super) fn op_offload_peak(p: &crate::gguf::memory::Parts, weight: u64) -> u64 {
-    let rows = p.activations - p.residual + p.mask_full + weight;
-    let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
-    rows.max(attention)
 }
 
 #[test]
