@@ -2,6 +2,7 @@
 //! copies) and what the host keeps beside a GPU with a pinned host buffer type.
 
 use super::layout_tests::deepseek2;
+use super::rpc_tests::mamba2;
 use super::tests::{MIB, Model, flags, hybrid};
 use super::*;
 use crate::gguf::memory::{Flags, estimate, repack};
@@ -154,4 +155,23 @@ pub(super) fn op_offload_peak(p: &crate::gguf::memory::Parts, weight: u64) -> u6
     let rows = p.activations - p.residual + p.mask_full + weight;
     let attention = 2 * p.residual + 3 * p.query + p.mask_full + p.kv[0] + p.kv_values[1];
     rows.max(attention)
+}
+
+#[test]
+fn under_op_offload_the_first_gpu_given_a_host_mamba2_gate_runs_as_a_first_block() {
+    // The memory benchmark's scan with small weights, so that no weight copied in sets the
+    // peak.
+    let mut m = Model::llama(4, MIB);
+    (m.arch, m.kv) = ("mamba2", mamba2(4).kv);
+    let (h, f) = (m.header(), flags(8192, 2));
+    let p = crate::gguf::memory::parts(&h, &f);
+    // The host keeps layer 0 alone; the first GPU ran its prompt from the embeddings' copy, so
+    // its own layers' chain lies over four residual rows, as where the first block runs.
+    let first_block = 4 * u128::from(p.residual) + p.scan.chain;
+    let one = place(&h, &f, 4, &[2.0, 1.0]).unwrap();
+    assert_eq!(one.host.layers, 0..1);
+    assert_eq!(u128::from(one.devices[0].compute), first_block);
+    // Over RPC devices (no op offload) the same placement keeps the fitted peak.
+    let rpc = place_on(&h, &f, 4, &[2.0, 1.0], Backend::RPC).unwrap();
+    assert!(u128::from(rpc.devices[0].compute) < first_block);
 }

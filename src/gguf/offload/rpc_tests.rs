@@ -85,7 +85,7 @@ fn a_device_reads_only_the_masks_of_its_layers() {
 }
 
 /// A mamba2 model of `blocks` blocks with the memory benchmark's scan (no FFN).
-fn mamba2(blocks: u64) -> Model {
+pub(super) fn mamba2(blocks: u64) -> Model {
     let mut m = Model::llama(blocks, 16 * MIB);
     m.arch = "mamba2";
     m.kv = vec![
@@ -262,6 +262,20 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     assert_eq!(
         before.devices[0].compute,
         p.activations - p.residual + p.masks
+    );
+    // Without rope (granite's hybrid with `rope.scaling.finetuned` false) there is no roped
+    // query: the query, key and value rows.
+    let (mut nope, mut roped) = (m, h);
+    nope.arch = "granitehybrid";
+    nope.kv.push(("rope.scaling.finetuned", Value::Bool(false)));
+    let mut nope = nope.header();
+    nope.tensors
+        .extend(roped.tensors.split_off(plain.tensors.len()));
+    let p = parts(&nope, &f);
+    let partial = place_on(&nope, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        partial.devices[0].compute,
+        3 * p.residual + 2 * kv + p.masks
     );
 }
 

@@ -16,7 +16,7 @@ use std::ops::Range;
 
 use super::{DeviceShare, HostShare, Model, OP_OFFLOAD_MIN_BATCH, clamp};
 use crate::gguf::bounds::{EMBEDDING, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH, VALUE_LENGTH};
-use crate::gguf::header::Header;
+use crate::gguf::header::{Header, Value};
 use crate::gguf::hparams::Hp;
 use crate::gguf::memory::{Mask, Parts};
 
@@ -27,7 +27,16 @@ use crate::gguf::memory::{Mask, Parts};
 /// with a fused one (`attn_qkv`): the input, the roped query in the norm's freed place, the
 /// fused query, key and value, and the roped key. Zero where the last block has no such
 /// projections (recurrent layers, latent attention) or the header lacks the head shapes.
-fn last_attention(hp: &Hp<'_>, how: &[Projected], tokens: u64, residual: u64) -> u128 {
+/// Without rope (`no_rope`) there is no roped query: the query, key and value rows instead
+/// (granitehybrid's last block alone on a second device: 9.51 MiB, its split's two input
+/// copies, the mask, Qcur, Vcur and Kcur; GGML_ALLOCATOR_DEBUG over rpc-server devices).
+fn last_attention(
+    hp: &Hp<'_>,
+    how: &[Projected],
+    tokens: u64,
+    residual: u64,
+    no_rope: bool,
+) -> u128 {
     let Some(last) = how.len().checked_sub(1) else {
         return 0;
     };
@@ -38,10 +47,27 @@ fn last_attention(hp: &Hp<'_>, how: &[Projected], tokens: u64, residual: u64) ->
     match how.get(last) {
         _ if s.heads_kv == 0 => 0,
         Some(Projected::Fused) => r + s.q + (s.q + s.k + s.v) + s.k,
+        Some(Projected::Apart) if no_rope => 2 * r + s.q + s.k + s.v,
         Some(Projected::Apart) => 2 * r + 2 * s.q,
         _ => 0,
     }
 }
+
+/// Whether the model's attention has no rope: granite's hybrid and switch models read
+/// `rope.scaling.finetuned` as rope's switch, on where the header lacks it (llama.cpp's
+/// `models/granite-hybrid.cpp`); every other family ropes.
+fn no_rope(h: &Header) -> bool {
+    h.architecture().is_some_and(|arch| {
+        ROPE_SWITCHED.contains(&arch)
+            && matches!(
+                h.get(&format!("{arch}.rope.scaling.finetuned")),
+                Some(Value::Bool(false))
+            )
+    })
+}
+
+/// The families whose rope `rope.scaling.finetuned` switches.
+const ROPE_SWITCHED: [&str; 2] = ["granitehybrid", "graniteswitch"];
 
 /// How a layer projects its query, key and value: one fused weight (`attn_qkv`), three apart
 /// (`attn_q`, `attn_k`, `attn_v`), or neither.
@@ -145,7 +171,7 @@ pub(super) struct Rows {
 pub(super) fn attention_rows(h: &Header, p: &Parts, tokens: u64) -> Rows {
     let hp = Hp::new(h);
     let how = Projected::of(h, p.kv.len());
-    let last = last_attention(&hp, &how, tokens, p.residual);
+    let last = last_attention(&hp, &how, tokens, p.residual, no_rope(h));
     let (projections, copied_back) =
         p.kv.iter()
             .zip(how)
