@@ -223,16 +223,21 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     ];
     let f = flags(8192, 2);
     let plain = m.header();
-    let mut h = plain.clone();
-    for t in ["attn_q", "attn_k", "attn_v"] {
-        let dims = if t == "attn_q" { N_EMBD } else { 256 };
-        h.tensors.push(crate::gguf::header::TensorInfo {
-            name: format!("blk.1.{t}.weight"),
-            dims: vec![N_EMBD, dims],
-            ggml_type: 0,
-            offset: 0,
-        });
-    }
+    // The header with the last block's query, key and value projections.
+    let projected = |plain: &crate::gguf::header::Header| {
+        let mut h = plain.clone();
+        for t in ["attn_q", "attn_k", "attn_v"] {
+            let dims = if t == "attn_q" { N_EMBD } else { 256 };
+            h.tensors.push(crate::gguf::header::TensorInfo {
+                name: format!("blk.1.{t}.weight"),
+                dims: vec![N_EMBD, dims],
+                ggml_type: 0,
+                offset: 0,
+            });
+        }
+        h
+    };
+    let h = projected(&plain);
     let p = parts(&h, &f);
     let partial = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(partial.devices[0].layers, 1..2);
@@ -265,12 +270,9 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     );
     // Without rope (granite's hybrid with `rope.scaling.finetuned` false) there is no roped
     // query: the query, key and value rows.
-    let (mut nope, mut roped) = (m, h);
-    nope.arch = "granitehybrid";
-    nope.kv.push(("rope.scaling.finetuned", Value::Bool(false)));
-    let mut nope = nope.header();
-    nope.tensors
-        .extend(roped.tensors.split_off(plain.tensors.len()));
+    m.arch = "granitehybrid";
+    m.kv.push(("rope.scaling.finetuned", Value::Bool(false)));
+    let nope = projected(&m.header());
     let p = parts(&nope, &f);
     let partial = place_on(&nope, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(
