@@ -4,10 +4,11 @@
 # miss of the compute estimate is traced to its cause (`src/gguf/offload/model.rs` cites what
 # was traced with it); nothing in the test suite runs it.
 #
-#   testbed/alloc-trace.sh MODEL.gguf NGL [llama-server flags...]
+#   testbed/alloc-trace.sh MODEL.gguf NGL [--devices N] [llama-server flags...]
 #
-# It runs llama-server over one rpc-server device (as tests/offload_engine.rs does: ctx 8192,
-# 2 slots, ubatch 512, --fit off) and prints, per buffer (the host's CPU, each RPCn), the
+# It runs llama-server over N rpc-server devices, one by default (as tests/offload_engine.rs
+# does: ctx 8192, 2 slots, ubatch 512, --fit off; pass the split as -ts a,b) and prints, per
+# buffer (the host's CPU, each RPCn), the
 # layout at each growth of the last worst-case reservation: offset, MiB and tensor. Gaps
 # between entries are holes the allocator could not reuse. Set MODELSERVE_RPC_OFFLOAD=1 for
 # CUDA's op offload (rpc-offload.py), and pass --no-repack as CUDA's placement has it.
@@ -17,9 +18,19 @@
 # cache directory of its own beside the test bed's, once (10 to 20 minutes on 2 cores).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-model="${1:?usage: alloc-trace.sh MODEL.gguf NGL [llama-server flags...]}"
-ngl="${2:?usage: alloc-trace.sh MODEL.gguf NGL [llama-server flags...]}"
+usage="usage: alloc-trace.sh MODEL.gguf NGL [--devices N] [llama-server flags...]"
+model="${1:?$usage}"
+ngl="${2:?$usage}"
 shift 2
+devices=1
+if [ "${1:-}" = --devices ]; then
+  devices="${2:-}"
+  shift 2 || true
+fi
+case "$devices" in
+  [1-8]) ;;
+  *) echo "alloc-trace: --devices takes 1 to 8 rpc-server devices, not '$devices'" >&2; exit 2 ;;
+esac
 [ -f "$model" ] || { echo "alloc-trace: no file $model" >&2; exit 2; }
 fail() { echo "alloc-trace: $1" >&2; exit 1; }
 server_bin="$(LLAMA_ALLOC_TRACE=1 bash "$here/build-llama-tool.sh" llama-server | tail -n 1)" \
@@ -28,16 +39,21 @@ rpc_bin="$(LLAMA_ALLOC_TRACE=1 bash "$here/build-llama-tool.sh" rpc-server | tai
   || fail "building rpc-server with GGML_ALLOCATOR_DEBUG failed"
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rpc_port="$(port)" http_port="$(port)"
+http_port="$(port)"
 log="$(mktemp)"
-"$rpc_bin" -H 127.0.0.1 -p "$rpc_port" >/dev/null 2>&1 &
-rpc=$!
-server=
-cleanup() { kill "$rpc" ${server:+"$server"} 2>/dev/null || true; rm -f "$log"; }
+rpcs=() endpoints=() server=
+# Every rpc-server started is stopped on any exit, the failed ones included.
+cleanup() { kill "${rpcs[@]}" ${server:+"$server"} 2>/dev/null || true; rm -f "$log"; }
 trap cleanup EXIT
+for _ in $(seq "$devices"); do
+  rpc_port="$(port)"
+  "$rpc_bin" -H 127.0.0.1 -p "$rpc_port" >/dev/null 2>&1 &
+  rpcs+=("$!")
+  endpoints+=("127.0.0.1:$rpc_port")
+done
 sleep 0.5
 "$server_bin" -m "$model" --host 127.0.0.1 --port "$http_port" --ctx-size 8192 --parallel 2 \
-  --ubatch-size 512 --cache-ram 0 --no-webui --rpc "127.0.0.1:$rpc_port" -ngl "$ngl" \
+  --ubatch-size 512 --cache-ram 0 --no-webui --rpc "$(IFS=,; echo "${endpoints[*]}")" -ngl "$ngl" \
   --split-mode layer --fit off -lv 5 "$@" >"$log" 2>&1 &
 server=$!
 for _ in $(seq 240); do
@@ -47,27 +63,47 @@ for _ in $(seq 240); do
 done
 grep -q "compute buffer size =" "$log" || { tail -20 "$log" >&2; fail "llama-server reserved no compute buffer"; }
 
-python3 - "$log" <<'PY'
+python3 - "$log" "${endpoints[@]}" <<'PY'
 import re, sys
 lines = open(sys.argv[1], errors="replace").read().splitlines()
+# Each device by its endpoint, in --rpc order: dev0, dev1, ...
+devs = {e: f"dev{i}" for i, e in enumerate(sys.argv[2:])}
 # The last worst-case (prompt-sized) reservation and the buffers it logged.
 start = max((i for i, l in enumerate(lines) if "graph_reserve: reserving a graph" in l
              and "n_tokens =    1" not in l and "n_outputs" in l
              and int(re.search(r"n_tokens = +(\d+)", l).group(1)) > 16), default=0)
 entry = re.compile(r"(\S+) \[(\d+): ([0-9a-f]+)-([0-9a-f]+)\] \(([\d.]+) MB\)")
+# A device's copies of its split inputs are named RPCn[host:port]#name#copy. A growth naming
+# none is the buffer whose last growth shares a tensor with it (same name, offset and size: the
+# allocator moves nothing alive), else the one that grew before it where it is no smaller (a
+# buffer only grows and the next one starts small), else the host's CPU buffer.
+label, last, logged, layouts = "CPU", 0.0, False, {}
 for l in lines[start:]:
+    if logged and "max_size[" in l:
+        break  # the next reservation's (a token's graph)
     if "compute buffer size =" in l:
-        print(l.split("sched_reserve: ", 1)[-1].strip())
+        logged = True
+        l = l.split("sched_reserve: ", 1)[-1].strip()
+        at = re.search(r"RPC\d+\[([^\]]*)\]", l)
+        print(f"{devs.get(at.group(1), '?')} {l}" if at else l)
         continue
     if "max_size[" not in l:
         continue
     l = re.sub(r"\d+\.\d+\.\d+ D ", "", l)
-    size = re.search(r"max_size\[\d+\] = ([\d.]+) MB", l).group(1)
+    size = float(re.search(r"max_size\[\d+\] = ([\d.]+) MB", l).group(1))
     found = entry.findall(l.split("tensors: ", 1)[-1])
-    # A device's copies of its split inputs are named RPCn[host:port]#name#copy.
-    buf = next((re.match(r"(?:\d+\.)?(RPC\d+)", n).group(1) for n, *_ in found
-                if re.match(r"(?:\d+\.)?RPC\d+\[", n)), "CPU")
-    print(f"{buf} grows to {size} MB:")
+    layout = {(n, a, b) for n, _, a, b, _ in found if a != b}
+    named = next((m.group(1) for n, *_ in found
+                  if (m := re.match(r"(?:\d+\.)?RPC\d+\[([^\]]*)\]#", n))), None)
+    shares = [k for k, v in layouts.items() if v & layout]
+    if named is not None:
+        label = f"{devs.get(named, '?')} (RPC {named})"
+    elif len(shares) == 1:
+        label = shares[0]
+    elif size < last or label == "CPU":
+        label = "CPU"
+    last, layouts[label] = size, layout
+    print(f"{label} grows to {size:.2f} MB:")
     for name, chunk, a, b, mb in found:
         name = re.sub(r"^\d+\.", "", name)
         name = re.sub(r"RPC\d+\[[^\]]*\]#", "", name)
