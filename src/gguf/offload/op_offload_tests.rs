@@ -2,8 +2,8 @@
 //! copies) and what the host keeps beside a GPU with a pinned host buffer type.
 
 use super::layout_tests::deepseek2;
-use super::rpc_tests::mamba2;
-use super::tests::{MIB, Model, flags, hybrid};
+use super::rpc_tests::{granite, mamba2};
+use super::tests::{MIB, Model, N_EMBD, flags, hybrid};
 use super::*;
 use crate::gguf::memory::{Flags, estimate, repack};
 
@@ -174,4 +174,23 @@ fn under_op_offload_the_first_gpu_given_a_host_mamba2_gate_runs_as_a_first_block
     // Over RPC devices (no op offload) the same placement keeps the fitted peak.
     let rpc = place_on(&h, &f, 4, &[2.0, 1.0], Backend::RPC).unwrap();
     assert!(u128::from(rpc.devices[0].compute) < first_block);
+}
+
+#[test]
+fn under_op_offload_the_gpu_running_the_hosts_unfused_attention_keeps_the_blocks_input() {
+    // Granite blocks, attention in 1 and 3: -ngl 3 leaves the host blocks 0 and 1, and the
+    // engine turns flash attention off.
+    let f = flags(8192, 2);
+    let h = granite(&[0, 8, 0, 8]).header();
+    let p = crate::gguf::memory::parts(&h, &f);
+    let cuda = place(&h, &f, 3, &[1.0]).unwrap();
+    assert!(cuda.flash_attention_off);
+    // The first GPU runs host block 1's attention on the query, the K and V cache copied in,
+    // a score matrix (f32: a stream's 4096 cells by the ubatch by 8 heads), the values made
+    // contiguous, the output (two rows), the f32 mask; and, as it ran block 0 too, the block's
+    // input, kept for the residual add.
+    let row = N_EMBD * 512 * 4;
+    let scores = 4096 * 512 * 8 * 4;
+    let attention = row + p.kv[1] + scores + p.kv[1] / 2 + 2 * row + 2 * p.mask_full;
+    assert_eq!(cuda.devices[0].compute, attention + row);
 }

@@ -154,7 +154,7 @@ fn a_pipeline_splitting_mamba2_layers_copies_the_projection_and_the_gate_across(
 /// Granite's hybrid blocks (a mamba2 layer or attention, then an FFN), `kv` heads per block: 0
 /// is a mamba2 layer. Tiny widths, as in testbed/gen_gguf.py, where the scan's output fits in
 /// the convolution input's place.
-fn granite(kv: &[u32]) -> Model {
+pub(super) fn granite(kv: &[u32]) -> Model {
     let mut m = Model::llama(kv.len() as u64, 16 * MIB);
     m.arch = "granitehybrid";
     let per_layer = kv.iter().map(|k| Value::U32(*k)).collect();
