@@ -1085,17 +1085,26 @@ fn past_target(log: &str, margins: &[u64]) -> Option<String> {
     })
 }
 
-/// Under op offload, why the layers differ where the device's compute is a listed miss of
-/// the op-offload table (`COMPUTE_MISSES`) in the direction of the difference: an
-/// over-estimate offloads fewer layers than llama-fit-params, an under-estimate more.
-fn listed_miss(name: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'static str> {
+/// Under op offload, why the layers differ where a device's compute is a listed miss of the
+/// op-offload table (`COMPUTE_MISSES`) in the direction of the difference (an over-estimate
+/// offloads fewer layers than llama-fit-params, an under-estimate more), listed for the
+/// setting whose layout the disputed placement has: the larger of the two `-ngl`s, with
+/// `devices` holding layers, of a model of `n_layer` blocks.
+fn listed_miss(
+    name: &str,
+    on: Backend,
+    (ours, theirs): (u32, u32),
+    n_layer: u32,
+    devices: usize,
+) -> Option<&'static str> {
+    let setting = op_offload_setting(ours.max(theirs), n_layer, devices)?;
     if on != Backend::CUDA {
         return None;
     }
     let listed = |over: bool| {
         COMPUTE_MISSES.iter().any(|(m, s, w, _, why)| {
             name.starts_with(m)
-                && OFFLOAD_SETTINGS.contains(s)
+                && *s == setting
                 && w.starts_with("dev")
                 && why.starts_with(if over { "over" } else { "under" })
         })
@@ -1106,6 +1115,30 @@ fn listed_miss(name: &str, on: Backend, ours: u32, theirs: u32) -> Option<&'stat
         Some("the device's op-offload compute is a listed under-estimate (COMPUTE_MISSES)")
     } else {
         None
+    }
+}
+
+/// The op-offload setting (`OFFLOAD_SETTINGS`) laid out as `ngl` layers of a model of
+/// `n_layer` blocks on `devices` devices: only the output on one device, or blocks on the host
+/// and on one device, or on two, behind several host blocks or one. None without host blocks
+/// (nothing to offload) or without a device.
+fn op_offload_setting(ngl: u32, n_layer: u32, devices: usize) -> Option<&'static str> {
+    let host_blocks = (n_layer + 1).checked_sub(ngl)?;
+    let [all_host, partial, two, one_host] = OFFLOAD_SETTINGS;
+    match (devices, host_blocks) {
+        (0, _) | (_, 0) => None,
+        (1, _) if ngl == 1 => Some(all_host),
+        (1, _) => Some(partial),
+        (_, 1) => Some(one_host),
+        _ => Some(two),
+    }
+}
+
+/// The devices holding layers in a placement's `split`, all `offered` where it gives none.
+fn running(split: &[u32], offered: usize) -> usize {
+    match split.iter().filter(|c| **c > 0).count() {
+        0 => offered,
+        n => n,
     }
 }
 
@@ -1272,7 +1305,21 @@ async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) {
                         .into();
             } else if engine_ngl.abs_diff(p.ngl) <= 1 && close_call(&h, &f, &counts, &room, on) {
                 note = "a layer's need is within 5% of its compute of the size".into();
-            } else if let Some(why) = listed_miss(&name, on, p.ngl, engine_ngl) {
+            } else if let Some(why) = listed_miss(
+                &name,
+                on,
+                (p.ngl, engine_ngl),
+                n_layer,
+                // The disputed placement: the one with more layers.
+                running(
+                    if p.ngl < engine_ngl {
+                        &fitted.split
+                    } else {
+                        &counts
+                    },
+                    sizes.len(),
+                ),
+            ) {
                 note = why.into();
             } else if let Some(why) = past_target(&fitted.log, &margins) {
                 note = why;
