@@ -1097,10 +1097,10 @@ fn listed_miss(
     n_layer: u32,
     devices: usize,
 ) -> Option<&'static str> {
-    let setting = op_offload_setting(ours.max(theirs), n_layer, devices)?;
     if on != Backend::CUDA {
         return None;
     }
+    let setting = op_offload_setting(ours.max(theirs), n_layer, devices)?;
     let listed = |over: bool| {
         COMPUTE_MISSES.iter().any(|(m, s, w, _, why)| {
             name.starts_with(m)
