@@ -1088,19 +1088,25 @@ fn past_target(log: &str, margins: &[u64]) -> Option<String> {
 /// Under op offload, why the layers differ where a device's compute is a listed miss of the
 /// op-offload table (`COMPUTE_MISSES`) in the direction of the difference (an over-estimate
 /// offloads fewer layers than llama-fit-params, an under-estimate more), listed for the
-/// setting whose layout the disputed placement has: the larger of the two `-ngl`s, with
-/// `devices` holding layers, of a model of `n_layer` blocks.
+/// setting whose layout the disputed placement has: of `ours` and `theirs` (`-ngl` and split),
+/// the one with more layers, of a model of `n_layer` blocks on `offered` devices.
 fn listed_miss(
     name: &str,
     on: Backend,
-    (ours, theirs): (u32, u32),
-    n_layer: u32,
-    devices: usize,
+    ours: (u32, &[u32]),
+    theirs: (u32, &[u32]),
+    (n_layer, offered): (u32, usize),
 ) -> Option<&'static str> {
     if on != Backend::CUDA {
         return None;
     }
-    let setting = op_offload_setting(ours.max(theirs), n_layer, devices)?;
+    let (ngl, split) = if ours.0 < theirs.0 { theirs } else { ours };
+    // The devices holding layers, all offered where the split gives none.
+    let devices = match split.iter().filter(|c| **c > 0).count() {
+        0 => offered,
+        n => n,
+    };
+    let setting = op_offload_setting(ngl, n_layer, devices)?;
     let listed = |over: bool| {
         COMPUTE_MISSES.iter().any(|(m, s, w, _, why)| {
             name.starts_with(m)
@@ -1109,9 +1115,9 @@ fn listed_miss(
                 && why.starts_with(if over { "over" } else { "under" })
         })
     };
-    if ours < theirs && listed(true) {
+    if ours.0 < theirs.0 && listed(true) {
         Some("the device's op-offload compute is a listed over-estimate (COMPUTE_MISSES)")
-    } else if ours > theirs && listed(false) {
+    } else if ours.0 > theirs.0 && listed(false) {
         Some("the device's op-offload compute is a listed under-estimate (COMPUTE_MISSES)")
     } else {
         None
@@ -1131,14 +1137,6 @@ fn op_offload_setting(ngl: u32, n_layer: u32, devices: usize) -> Option<&'static
         (1, _) => Some(partial),
         (_, 1) => Some(one_host),
         _ => Some(two),
-    }
-}
-
-/// The devices holding layers in a placement's `split`, all `offered` where it gives none.
-fn running(split: &[u32], offered: usize) -> usize {
-    match split.iter().filter(|c| **c > 0).count() {
-        0 => offered,
-        n => n,
     }
 }
 
@@ -1308,17 +1306,9 @@ async fn fit_table(on: Backend, env: &[(&str, &str)], more: &[String]) {
             } else if let Some(why) = listed_miss(
                 &name,
                 on,
-                (p.ngl, engine_ngl),
-                n_layer,
-                // The disputed placement: the one with more layers.
-                running(
-                    if p.ngl < engine_ngl {
-                        &fitted.split
-                    } else {
-                        &counts
-                    },
-                    sizes.len(),
-                ),
+                (p.ngl, &counts),
+                (engine_ngl, &fitted.split),
+                (n_layer, sizes.len()),
             ) {
                 note = why.into();
             } else if let Some(why) = past_target(&fitted.log, &margins) {
