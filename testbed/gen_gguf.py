@@ -8,7 +8,7 @@ src/models/<arch>.cpp), and the names come from the gguf-py package shipped
 in the same sdist, so a llama.cpp bump that renames something fails here
 instead of in a cluster test.
 
-    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large|bench] [--vocab NAME]
+    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large|bench|gpu] [--vocab NAME]
 
 Prints one line per file written: "<path> <arch> <size in bytes>".
 
@@ -16,7 +16,8 @@ By default the files carry a toy byte-level BPE vocab of a few hundred tokens. -
 copies the real tokenizer of the sdist's models/ggml-vocab-NAME.gguf instead (llama-spm,
 llama-bpe, qwen2, gemma-4, phi-3, gpt-neox, command-r, ...), and token_embd/output take its
 size: a 262k vocabulary is what makes the output buffer and the logits of a real model big.
---size bench gives the shapes testbed/quantize_models.py quantizes for bench_memory.py.
+--size bench gives the shapes testbed/quantize_models.py quantizes for bench_memory.py, --size
+gpu those testbed/gpu-check.sh runs on a GPU.
 
 The sdist directory comes from $MODELSERVE_LLAMA_SDIST, or --sdist, or by
 running llama-sdist.sh next to this script (which downloads it once).
@@ -644,6 +645,20 @@ BENCH: dict[str, dict] = {
 }
 assert BENCH.keys() == ARCHS.keys()
 
+# Shapes for testbed/gpu-check.sh's run on a real GPU (testbed/gpu-sources.sh carries them there,
+# with a real 32k vocabulary so that the output layer and the logits weigh what a real model's
+# do), which tests/offload_engine.rs also holds over rpc-server devices: a dense model with an
+# untied output, one with sliding-window layers (1 global, 5 of 512 tokens), and a hybrid of
+# Mamba-2 layers with attention in layers 3 and 7; small enough that the three carry in 36 MiB.
+GPU: dict[str, dict] = {
+    "llama": dict(ctx=8192, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_layer=8, eps=1e-5),
+    "gemma3": dict(ctx=8192, n_embd=256, n_head=4, n_head_kv=2, head_dim=128, n_ff=512, n_layer=6,
+                   swa=512),
+    "granitehybrid": dict(ctx=8192, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_layer=8,
+                          attn_layers=(3, 7), eps=1e-5, d_inner=512, d_state=128, n_group=1,
+                          ssm_heads=8, d_conv=4),
+}
+
 
 # --------------------------------------------------------------------------
 # Writing
@@ -694,9 +709,9 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", action="extend", nargs="+", choices=sorted(ARCHS), metavar="NAME",
                     help=f"architectures to write (default: all of {', '.join(ARCHS)})")
-    ap.add_argument("--size", choices=("tiny", "large", "bench"), default="tiny",
+    ap.add_argument("--size", choices=("tiny", "large", "bench", "gpu"), default="tiny",
                     help="tiny: well under 1 MiB each; large: >= 1 GiB of weights each; "
-                         "bench: the benchmark shapes (see BENCH)")
+                         "bench: the benchmark shapes (see BENCH); gpu: the GPU check's (see GPU)")
     ap.add_argument("--vocab", metavar="NAME",
                     help="copy the tokenizer of the sdist's models/ggml-vocab-NAME.gguf "
                          "(default: a toy BPE vocab of a few hundred tokens)")
@@ -710,9 +725,13 @@ def main() -> None:
     f16 = args.dtype == "f16"
     args.out_dir.mkdir(parents=True, exist_ok=True)
 
-    for arch in dict.fromkeys(args.arch or ARCHS):  # keep order, drop repeats
+    archs = list(dict.fromkeys(args.arch or (GPU if args.size == "gpu" else ARCHS)))  # keep order, drop repeats
+    if args.size == "gpu" and any(a not in GPU for a in archs):
+        die(f"--size gpu has shapes for {', '.join(GPU)} only, not {', '.join(a for a in archs if a not in GPU)}")
+    for arch in archs:
         build, tiny, large = ARCHS[arch]
-        c = dict({"tiny": tiny, "large": large, "bench": BENCH[arch]}[args.size], size=args.size)
+        shapes = {"tiny": tiny, "large": large, "bench": BENCH.get(arch), "gpu": GPU.get(arch)}
+        c = dict(shapes[args.size], size=args.size)
         plan = Plan(gguf, arch)
         build(plan, c, vocab)
         if args.size == "large" and plan.weight_bytes(f16) < GIB:

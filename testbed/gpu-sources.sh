@@ -122,15 +122,11 @@ if [ -z "$quantize" ]; then
     if [ -x "$q" ]; then quantize="$q"; break; fi
   done
 fi
-# The shapes: small enough that the three carry in about 36 MiB, with a real 32k vocabulary so the
-# output layer and the logits weigh what they weigh in a real model (gemma3: 1 global layer, 5
-# sliding-window ones; granitehybrid: attention in layers 3 and 7, Mamba-2 in the others).
-recipe='{"llama": {"ctx": 8192, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, "n_layer": 8, "eps": 1e-5},
- "gemma3": {"ctx": 8192, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "head_dim": 128, "n_ff": 512, "n_layer": 6, "swa": 512},
- "granitehybrid": {"ctx": 8192, "n_embd": 256, "n_head": 4, "n_head_kv": 2, "n_ff": 512, "n_layer": 8, "attn_layers": [3, 7],
-                   "eps": 1e-5, "d_inner": 512, "d_state": 128, "n_group": 1, "ssm_heads": 8, "d_conv": 4}}'
+# The shapes are gen_gguf.py's GPU ones (llama: dense, untied; gemma3: sliding-window layers;
+# granitehybrid: Mamba-2 layers with attention in layers 3 and 7), which tests/offload_engine.rs
+# also holds over rpc-server devices.
 vocab=llama-spm quant=Q4_K_M
-recipe_id="$(printf '%s %s %s gen_gguf:%s' "$recipe" "$vocab" "$quant" "$(sha256sum "$here/gen_gguf.py" | cut -c1-12)" | sha256sum | cut -c1-16)"
+recipe_id="$(printf '%s %s gen_gguf:%s' "$vocab" "$quant" "$(sha256sum "$here/gen_gguf.py" | cut -c1-12)" | sha256sum | cut -c1-16)"
 if [ "$(cat "$out/models/.recipe" 2>/dev/null)" != "$recipe_id" ]; then
   rm -f "$out"/models/*.gguf "$out/models/.recipe"
 fi
@@ -146,22 +142,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   scratch="$(mktemp -d)"
   trap 'rm -rf "$scratch"' EXIT
   for family in "${missing[@]}"; do
-    f16="$scratch/$family-f16.gguf" dst="$out/models/$family-gpu-$vocab-$quant.gguf"
-    # gen_gguf.py's own builders and writer, with shapes of our own.
-    RECIPE="$recipe" python3 - "$here" "$sdist" "$family" "$vocab" "$f16" <<'PY' || fail "writing $family failed"
-import json, os, sys, zlib
-from pathlib import Path
-here, sdist, family, vocab, path = sys.argv[1:]
-sys.path.insert(0, here)
-import gen_gguf
-gguf = gen_gguf.import_gguf(Path(sdist))
-shape = json.loads(os.environ["RECIPE"])[family]
-if "attn_layers" in shape:
-    shape["attn_layers"] = tuple(shape["attn_layers"])
-plan = gen_gguf.Plan(gguf, family)
-gen_gguf.ARCHS[family][0](plan, dict(shape, size="gpu"), gen_gguf.read_vocab(gguf, Path(sdist), vocab))
-gen_gguf.write_file(gguf, plan, Path(path), True, seed=zlib.crc32(f"{family}-gpu".encode()))
-PY
+    f16="$scratch/$family-gpu-$vocab-f16.gguf" dst="$out/models/$family-gpu-$vocab-$quant.gguf"
+    python3 "$here/gen_gguf.py" "$scratch" --arch "$family" --size gpu --vocab "$vocab" --sdist "$sdist" \
+      >/dev/null || fail "writing $family failed"
     "$quantize" "$f16" "$dst.part" "$quant" >"$scratch/$family.quantize.log" 2>&1 \
       || { tail -20 "$scratch/$family.quantize.log" >&2; fail "llama-quantize $family $quant failed"; }
     mv "$dst.part" "$dst"
