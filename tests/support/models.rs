@@ -329,6 +329,15 @@ pub const QUANTIZED: [(&str, &str, &str, &str); 7] = [
     ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
 ];
 
+/// The models testbed/gpu-check.sh runs on a real GPU (testbed/gpu-sources.sh writes the same
+/// bytes), which tests/offload_engine.rs also holds over rpc-server devices, the H200's log
+/// beside them: (family, vocabulary, size, type) as in `QUANTIZED`.
+pub const GPU_CHECK: [(&str, &str, &str, &str); 3] = [
+    ("llama", "llama-spm", "gpu", "Q4_K_M"),
+    ("gemma3", "llama-spm", "gpu", "Q4_K_M"),
+    ("granitehybrid", "llama-spm", "gpu", "Q4_K_M"),
+];
+
 /// A model of `family` and `size` with the real tokenizer of the sdist's `vocab`, written by
 /// testbed/gen_gguf.py in F16 into `dir`: its path.
 pub fn generated(

@@ -7,6 +7,7 @@ use std::ops::Range;
 mod attention;
 mod host;
 mod op_offload;
+mod scan;
 
 use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
@@ -317,7 +318,8 @@ impl Model {
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
     ///   freed), three above a pipeline's inputs; where two such layers follow each other in a
     ///   hybrid block, the second's in-projection lands above the first's scan output
-    ///   (`memory::Scan::follow`);
+    ///   (`memory::Scan::follow`), and above the masks where they come between two attention
+    ///   layers on the device (`Model::masks_under_scans`);
     /// - outside a pipeline, with flash attention, a device whose first layer is its only
     ///   attending one frees the masks after that attention (their last reader) and runs the
     ///   layers after it in their place (`attention::projections`);
@@ -409,7 +411,15 @@ impl Model {
                 let scan = below * residual + p.scan.chain;
                 c = if p.scan.alone { scan } else { c.max(scan) };
                 if self.runs_scans_in_a_row(&s.layers) {
-                    c = c.max(below * residual + p.scan.follow);
+                    // Outside a pipeline (which counts its copies of the masks below), the
+                    // masks a later attention reads lie under the second scan's rows where an
+                    // attention before them left its holes.
+                    let held = if !pipeline && self.masks_under_scans(&s.layers) {
+                        m
+                    } else {
+                        0
+                    };
+                    c = c.max(below * residual + p.scan.follow + held);
                 }
             }
             if !s.layers.is_empty() && s.layers.start == host.layers.end && self.moe(host) {
@@ -479,55 +489,6 @@ impl Model {
     fn moe(&self, host: &HostShare) -> bool {
         let p = &self.parts;
         !host.layers.is_empty() && p.moe_tail > 0 && u64::from(host.layers.end) > p.dense_lead
-    }
-
-    /// Whether the host's only block is a mamba2 layer, the whole block, that hands its gate to
-    /// the next device's recurrent layer (`memory::Scan::gate`).
-    fn hands_over_gate(&self, host: &HostShare) -> bool {
-        let (scan, end) = (&self.parts.scan, host.layers.end);
-        let alone = host.layers.len() == 1 && !host.output && scan.alone && scan.gate > 0;
-        alone && self.runs_scan(&host.layers) && end < self.n_layer && self.recurrent(end)
-    }
-
-    /// Whether `layers` hold a recurrent layer with a mamba2 chain.
-    fn runs_scan(&self, layers: &Range<u32>) -> bool {
-        self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
-    }
-
-    /// Whether `layers` hold two recurrent layers in a row (`memory::Scan::follow`).
-    fn runs_scans_in_a_row(&self, layers: &Range<u32>) -> bool {
-        self.parts.scan.follow > 0
-            && layers
-                .clone()
-                .any(|il| il > layers.start && self.recurrent(il - 1) && self.recurrent(il))
-    }
-
-    fn recurrent(&self, il: u32) -> bool {
-        self.parts
-            .recurrent
-            .get(il as usize)
-            .is_some_and(|b| *b > 0)
-    }
-
-    /// The pipeline's copies of mamba2 rows that cross from one device to the next, by device:
-    /// where a device's last layer and the next device's first are both recurrent, the next
-    /// device keeps `PIPELINE_COPIES` copies of the in-projection and this one as many of its
-    /// gate (`memory::Scan`).
-    fn scan_boundaries(&self, devices: &[DeviceShare]) -> Vec<u128> {
-        let mut extra = vec![0u128; devices.len()];
-        let scan = &self.parts.scan;
-        let running: Vec<usize> = (0..devices.len())
-            .filter(|d| !devices[*d].layers.is_empty())
-            .collect();
-        for pair in running.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            if self.recurrent(devices[a].layers.end - 1) && self.recurrent(devices[b].layers.start)
-            {
-                extra[a] += PIPELINE_COPIES * scan.gate;
-                extra[b] += PIPELINE_COPIES * scan.input;
-            }
-        }
-        extra
     }
 
     /// The whole placement: the shares, the host's repack and its total.

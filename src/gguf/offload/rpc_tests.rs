@@ -213,6 +213,37 @@ fn a_second_mamba2_layer_in_a_row_lands_above_the_first_ones_scan() {
 }
 
 #[test]
+fn an_attention_after_two_mamba2_layers_in_a_row_keeps_its_mask_under_their_rows() {
+    let f = flags(8192, 2);
+    // testbed/gpu-check.sh's hybrid: attention in layers 3 and 7 of 8, every layer on one
+    // device, outside a pipeline. Layer 7 reads the full mask, a graph input allocated before
+    // any layer runs, so it lies under layer 5's chain, which runs above the holes layers 3 and
+    // 4 leave (the H200's CUDA0 and an rpc-server's compute buffer, 13.08 MiB, peak there;
+    // counted without the mask, 11.53).
+    let later = granite(&[0, 0, 0, 8, 0, 0, 0, 8]).header();
+    let p = parts(&later, &f);
+    let (r, mask) = (u128::from(p.residual), u128::from(p.mask_full));
+    assert!(mask > 0 && p.scan.follow > 0);
+    let one = place_on(&later, &f, 9, &[1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        u128::from(one.devices[0].compute),
+        4 * r + p.scan.follow + mask
+    );
+    // Before the first attention (granitehybrid-tiny's layout: attention in layer 2 of 4), or
+    // with none after the scans (the masks' last reader has run), the fitted peak stands.
+    for kv in [&[0, 0, 8, 0][..], &[8, 0, 0, 0, 0, 0, 0, 0]] {
+        let h = granite(kv).header();
+        let q = parts(&h, &f);
+        let n = kv.len() as u32;
+        let one = place_on(&h, &f, n + 1, &[1.0], Backend::RPC).unwrap();
+        assert!(
+            u128::from(one.devices[0].compute) < 4 * r + q.scan.follow + mask,
+            "{kv:?}"
+        );
+    }
+}
+
+#[test]
 fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     // Two blocks with separate query, key and value projections (8 heads of 128, 2 for the
     // keys and values): the last block's FFN runs on the output rows only.

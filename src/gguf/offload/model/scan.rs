@@ -1,0 +1,77 @@
+//! Where a device runs mamba2 layers: which of its layers scan, two in a row, the masks an
+//! attention layer after them keeps alive under their rows, and the pipeline's copies of the
+//! rows that cross from one device to the next (`Model::compute` uses them).
+
+use std::ops::Range;
+
+use super::{Model, PIPELINE_COPIES};
+use crate::gguf::offload::{DeviceShare, HostShare};
+
+impl Model {
+    /// Whether the host's only block is a mamba2 layer, the whole block, that hands its gate to
+    /// the next device's recurrent layer (`memory::Scan::gate`).
+    pub(super) fn hands_over_gate(&self, host: &HostShare) -> bool {
+        let (scan, end) = (&self.parts.scan, host.layers.end);
+        let alone = host.layers.len() == 1 && !host.output && scan.alone && scan.gate > 0;
+        alone && self.runs_scan(&host.layers) && end < self.n_layer && self.recurrent(end)
+    }
+
+    /// Whether `layers` hold a recurrent layer with a mamba2 chain.
+    pub(super) fn runs_scan(&self, layers: &Range<u32>) -> bool {
+        self.parts.scan.chain > 0 && layers.clone().any(|il| self.recurrent(il))
+    }
+
+    /// Whether `layers` hold two recurrent layers in a row (`memory::Scan::follow`).
+    pub(super) fn runs_scans_in_a_row(&self, layers: &Range<u32>) -> bool {
+        self.parts.scan.follow > 0
+            && layers
+                .clone()
+                .any(|il| il > layers.start && self.recurrent(il - 1) && self.recurrent(il))
+    }
+
+    /// Whether two of `layers`' recurrent layers in a row come between two of their attention
+    /// layers: the second scan then runs above the holes the attention before and the first
+    /// scan leave, over the masks the attention after reads, graph inputs allocated before any
+    /// layer runs (granitehybrid, attention in layers 3 and 7 of 8, every layer on one device:
+    /// layer 5's chain over the full mask and 1.53 MiB of holes, 13.08 MiB; alloc trace). Before
+    /// the first attention the rows fill the holes the embeddings leave (granitehybrid-tiny,
+    /// attention in layer 2 of 4: layer 1's in-projection right above the mask).
+    pub(super) fn masks_under_scans(&self, layers: &Range<u32>) -> bool {
+        let attends = |il: u32| !self.recurrent(il);
+        layers.clone().any(|il| {
+            il > layers.start
+                && self.recurrent(il - 1)
+                && self.recurrent(il)
+                && (layers.start..il - 1).any(attends)
+                && (il + 1..layers.end).any(attends)
+        })
+    }
+
+    pub(super) fn recurrent(&self, il: u32) -> bool {
+        self.parts
+            .recurrent
+            .get(il as usize)
+            .is_some_and(|b| *b > 0)
+    }
+
+    /// The pipeline's copies of mamba2 rows that cross from one device to the next, by device:
+    /// where a device's last layer and the next device's first are both recurrent, the next
+    /// device keeps `PIPELINE_COPIES` copies of the in-projection and this one as many of its
+    /// gate (`memory::Scan`).
+    pub(super) fn scan_boundaries(&self, devices: &[DeviceShare]) -> Vec<u128> {
+        let mut extra = vec![0u128; devices.len()];
+        let scan = &self.parts.scan;
+        let running: Vec<usize> = (0..devices.len())
+            .filter(|d| !devices[*d].layers.is_empty())
+            .collect();
+        for pair in running.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if self.recurrent(devices[a].layers.end - 1) && self.recurrent(devices[b].layers.start)
+            {
+                extra[a] += PIPELINE_COPIES * scan.gate;
+                extra[b] += PIPELINE_COPIES * scan.input;
+            }
+        }
+        extra
+    }
+}
