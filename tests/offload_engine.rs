@@ -861,7 +861,7 @@ async fn each_device_holds_the_weights_kv_and_compute_of_the_placement() {
 }
 
 /// testbed/gpu-check.sh's hybrid model with every layer on one GPU, the H200 row whose
-/// compute the placement had 12% under (11.50 MiB for CUDA0's 13.08): its layer 5, the second
+/// compute the placement had 12% under (11.53 MiB for CUDA0's 13.08): its layer 5, the second
 /// Mamba-2 layer after the attention of layer 3, runs its chain above the full mask that layer
 /// 7's attention reads, and the holes layer 4 left. The same layout over one rpc-server device.
 #[tokio::test]
