@@ -1,6 +1,6 @@
-//! Where a device runs mamba2 layers: which of its layers scan, two in a row, the masks an
-//! attention layer after them keeps alive under their rows, and the pipeline's copies of the
-//! rows that cross from one device to the next (`Model::compute` uses them).
+//! Where a device runs mamba2 layers: which of its layers scan, two in a row, the masks that
+//! lie under them between two attention layers, and the pipeline's copies of the rows that
+//! cross from one device to the next (`Model::compute` uses them).
 
 use std::ops::Range;
 
