@@ -330,8 +330,8 @@ pub const QUANTIZED: [(&str, &str, &str, &str); 7] = [
 ];
 
 /// The models testbed/gpu-check.sh runs on a real GPU (testbed/gpu-sources.sh writes the same
-/// bytes), which tests/offload_engine.rs also holds over rpc-server devices, the H200's log
-/// beside them: (family, vocabulary, size, type) as in `QUANTIZED`.
+/// bytes); tests/offload_engine.rs serves the hybrid one over an rpc-server device: (family,
+/// vocabulary, size, type) as in `QUANTIZED`.
 pub const GPU_CHECK: [(&str, &str, &str, &str); 3] = [
     ("llama", "llama-spm", "gpu", "Q4_K_M"),
     ("gemma3", "llama-spm", "gpu", "Q4_K_M"),

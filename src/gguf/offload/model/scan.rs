@@ -36,15 +36,15 @@ impl Model {
     /// layer 5's chain over the full mask and 1.53 MiB of holes, 13.08 MiB; alloc trace). Before
     /// the first attention the rows fill the holes the embeddings leave (granitehybrid-tiny,
     /// attention in layer 2 of 4: layer 1's in-projection right above the mask).
+    /// One pass over the layers: the fit calls this for every layer count it tries.
     pub(super) fn masks_under_scans(&self, layers: &Range<u32>) -> bool {
-        let attends = |il: u32| !self.recurrent(il);
-        layers.clone().any(|il| {
-            il > layers.start
-                && self.recurrent(il - 1)
-                && self.recurrent(il)
-                && (layers.start..il - 1).any(attends)
-                && (il + 1..layers.end).any(attends)
-        })
+        let attends = |il: &u32| !self.recurrent(*il);
+        let first = layers.clone().find(attends);
+        let last = layers.clone().rev().find(attends);
+        let (Some(first), Some(last)) = (first, last) else {
+            return false;
+        };
+        (first + 2..last).any(|il| self.recurrent(il - 1) && self.recurrent(il))
     }
 
     pub(super) fn recurrent(&self, il: u32) -> bool {
