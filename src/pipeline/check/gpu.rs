@@ -16,7 +16,7 @@ mod nodes;
 
 pub use nodes::{
     AMD_PRODUCT, AMD_VRAM, MOST_SHARED_BY, NVIDIA_DRIVER_MAJOR, NVIDIA_MEMORY, NVIDIA_PRODUCT,
-    NodeGpus, memory_label, node_gpus, sharing_label,
+    NodeGpus, memory_label, node_gpus, sharing_label, unknown_text,
 };
 
 /// What the GPU part of a check is for, from the spec and the operator's settings.
@@ -231,10 +231,10 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             n.driver_major.unwrap_or_default()
         ));
     }
-    let unknown: Vec<&str> = usable
+    let unknown: Vec<&NodeGpus> = usable
         .iter()
+        .copied()
         .filter(|n| n.memory.is_none())
-        .map(|n| n.node.as_str())
         .collect();
     let mut classes: Vec<Class> = usable
         .iter()
@@ -250,9 +250,8 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     classes.dedup_by_key(|c| c.memory);
     if classes.is_empty() {
         return Err(format!(
-            "no node says how much memory its GPUs have ({} have no {} label); set engine.gpuMemory to one GPU's memory, such as 24Gi",
-            unknown.join(", "),
-            memory_label(&req.resource).unwrap_or_else(|| format!("{NVIDIA_MEMORY} or {AMD_VRAM}"))
+            "no node says how much memory its GPUs have ({}); set engine.gpuMemory to one GPU's memory, such as 24Gi",
+            unknown_text(&unknown)
         ));
     }
     let split = vec![1.0; want as usize];
@@ -316,8 +315,8 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     }
     if !unknown.is_empty() {
         message = format!(
-            "{message}; nodes whose GPU memory is not labelled are left out ({}): set engine.gpuMemory to count them",
-            unknown.join(", ")
+            "{message}; nodes whose GPU memory is not known are left out ({}): set engine.gpuMemory to count them",
+            unknown_text(&unknown)
         );
     }
     Ok(Plan {
@@ -409,6 +408,9 @@ mod tests {
             memory,
             shared_by: 1,
             labelled: memory.is_some(),
+            unknown: memory
+                .is_none()
+                .then(|| "no nvidia.com/gpu.memory label".into()),
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
             host_memory: 64 * GIB,
@@ -530,7 +532,16 @@ mod tests {
         assert!(e.contains("CUDA 12 driver") && e.contains("CUDA 11"), "{e}");
         let unlabelled = [node("bare", 1, None, Some(12))];
         let e = plan(&h, &flags(), &unlabelled, &request(1)).unwrap_err();
-        assert!(e.contains("engine.gpuMemory") && e.contains("bare"), "{e}");
+        assert!(e.contains("(bare: no nvidia.com/gpu.memory label); set engine.gpuMemory"));
+        let some = [
+            node("bare", 1, None, Some(12)),
+            node("l4", 1, Some(24 * GIB), Some(12)),
+        ];
+        let m = plan(&h, &flags(), &some, &request(1)).map(|p| p.message);
+        assert!(
+            m.unwrap()
+                .contains("left out (bare: no nvidia.com/gpu.memory label)")
+        );
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct NodeGpus {
     pub shared_by: u32,
     /// Whether `memory` came from the node's own label (node affinity can select on it).
     pub labelled: bool,
+    /// Why `memory` is None: the label that is missing, or one that says no size or count.
+    pub unknown: Option<String>,
     pub product: Option<String>,
     pub driver_major: Option<u32>,
     /// Allocatable host memory.
@@ -97,14 +99,14 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
             };
             let shared_by = shared_by(labels, &req.resource);
             let labelled = label_memory(labels, &req.resource)
-                .zip(shared_by)
-                .map(|(m, by)| m / u64::from(by));
+                .and_then(|m| Ok(m / u64::from(shared_by.clone()?)));
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
-                memory: req.memory.or(labelled),
+                memory: req.memory.or(labelled.clone().ok()),
                 shared_by: shared_by.unwrap_or(1),
-                labelled: req.memory.is_none() && labelled.is_some(),
+                labelled: req.memory.is_none() && labelled.is_ok(),
+                unknown: labelled.err().filter(|_| req.memory.is_none()),
                 product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
                 host_memory: get("memory").unwrap_or(0),
@@ -114,34 +116,52 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
 }
 
 /// How many pods share each unit of `resource` on the node: 1 without the label (or with GFD's 0
-/// when sharing is off), None when the label is not a count up to [`MOST_SHARED_BY`].
-fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Option<u32> {
-    let Some(v) = sharing_label(resource).and_then(|key| labels.get(&key)) else {
-        return Some(1);
+/// when sharing is off); what the label says instead when it is not a count up to
+/// [`MOST_SHARED_BY`].
+fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Result<u32, String> {
+    let Some(key) = sharing_label(resource) else {
+        return Ok(1);
     };
-    match v.parse::<u32>().ok()? {
-        0 => Some(1),
-        n => Some(n).filter(|n| *n <= MOST_SHARED_BY),
+    let Some(v) = labels.get(&key) else {
+        return Ok(1);
+    };
+    match v.parse::<u32>() {
+        Ok(0) => Ok(1),
+        Ok(n) if n <= MOST_SHARED_BY => Ok(n),
+        _ => Err(format!(
+            "{key}={v:?} is not a count of the pods that share a GPU, 0 to {MOST_SHARED_BY}"
+        )),
     }
 }
 
 /// The memory of one unit of `resource` from the node's labels: GFD's (MiB) for NVIDIA's
-/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's.
-fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Option<u64> {
+/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's. Without it, the
+/// label that is missing or what it says instead of a size.
+fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Result<u64, String> {
     let mib = |key: &str| {
-        let mib = labels.get(key)?.parse::<u64>().ok()?;
-        mib.checked_mul(1 << 20).filter(|m| *m > 0)
+        let v = labels.get(key).ok_or_else(|| format!("no {key} label"))?;
+        v.parse::<u64>()
+            .ok()
+            .and_then(|mib| mib.checked_mul(1 << 20))
+            .filter(|m| *m > 0)
+            .ok_or_else(|| format!("{key}={v:?} is not one GPU's memory in MiB, such as 24576"))
     };
     if let Some(key) = memory_label(resource) {
         return mib(&key);
     }
-    mib(NVIDIA_MEMORY).or_else(|| amd_vram(labels))
+    match (mib(NVIDIA_MEMORY), amd_vram(labels)) {
+        (Ok(m), _) | (_, Ok(m)) => Ok(m),
+        (Err(nvidia), Err(None)) if labels.contains_key(NVIDIA_MEMORY) => Err(nvidia),
+        (_, Err(Some(amd))) => Err(amd),
+        (_, Err(None)) => Err(format!("no {NVIDIA_MEMORY} or {AMD_VRAM} label")),
+    }
 }
 
 /// The least memory of the node's AMD GPUs: the labeller rounds each to the nearest GiB, so a
 /// GPU labelled 16G has at least 15.5 GiB (a 16 GB card's 15.98 GiB is labelled 16G); on a node
-/// whose GPUs differ, the smallest size labelled.
-fn amd_vram(labels: &BTreeMap<String, String>) -> Option<u64> {
+/// whose GPUs differ, the smallest size labelled. Err(None) without AMD's labels, else what they
+/// say instead of a size.
+fn amd_vram(labels: &BTreeMap<String, String>) -> Result<u64, Option<String>> {
     let gib = |size: &str| {
         let n = size
             .strip_suffix('G')?
@@ -151,14 +171,52 @@ fn amd_vram(labels: &BTreeMap<String, String>) -> Option<u64> {
         n.checked_mul(1 << 30)?.checked_sub(1 << 29)
     };
     if let Some(size) = labels.get(AMD_VRAM) {
-        return gib(size);
+        return gib(size).ok_or_else(|| {
+            Some(format!(
+                "{AMD_VRAM}={size:?} is not one GPU's memory in GiB, such as 16G"
+            ))
+        });
     }
     let prefix = format!("{AMD_VRAM}.");
-    labels
+    let mut sizes = labels
         .range(prefix.clone()..)
         .take_while(|(k, _)| k.starts_with(&prefix))
+        .peekable();
+    if sizes.peek().is_none() {
+        return Err(None);
+    }
+    sizes
         .filter_map(|(k, _)| gib(&k[prefix.len()..]))
         .min()
+        .ok_or_else(|| {
+            Some(format!(
+                "no {prefix}<size> label names one GPU's memory in GiB, such as {prefix}16G"
+            ))
+        })
+}
+
+/// How many nodes [`unknown_text`] names; the rest are counted.
+const NAMED: usize = 5;
+
+/// The nodes whose GPU memory is unknown, each with why: "a: no nvidia.com/gpu.memory label;
+/// b: ...", the first [`NAMED`] of them and how many more.
+pub fn unknown_text(nodes: &[&NodeGpus]) -> String {
+    let mut text = nodes
+        .iter()
+        .take(NAMED)
+        .map(|n| {
+            let why = n
+                .unknown
+                .as_deref()
+                .unwrap_or("its GPUs' memory is not known");
+            format!("{}: {why}", n.node)
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if nodes.len() > NAMED {
+        text = format!("{text}; and {} more", nodes.len() - NAMED);
+    }
+    text
 }
 
 /// The GPU's model from the labels; for a MIG slice, with its profile, as GFD names MIG devices
@@ -184,12 +242,12 @@ mod tests {
         let nvidia = "nvidia.com/gpu";
         assert_eq!(
             label_memory(&l(NVIDIA_MEMORY, "23028"), nvidia),
-            Some(23028 << 20)
+            Ok(23028 << 20)
         );
         // AMD's is rounded to the nearest GiB: at least half a GiB less.
         assert_eq!(
             label_memory(&l(AMD_VRAM, "16G"), "amd.com/gpu"),
-            Some((31 << 30) / 2)
+            Ok((31 << 30) / 2)
         );
         // A node whose AMD GPUs differ labels each size: the smallest counts.
         let mixed = BTreeMap::from([
@@ -197,21 +255,42 @@ mod tests {
             ("amd.com/gpu.vram.64G".to_string(), "4".to_string()),
             ("amd.com/gpu.vramx".to_string(), "1".to_string()),
         ]);
-        assert_eq!(label_memory(&mixed, "amd.com/gpu"), Some(127 << 29));
+        assert_eq!(label_memory(&mixed, "amd.com/gpu"), Ok(127 << 29));
         for bad in ["16", "0G", "-1G", "G", "99999999999999G"] {
             assert_eq!(
                 label_memory(&l(AMD_VRAM, bad), "amd.com/gpu"),
-                None,
-                "{bad}"
+                Err(format!(
+                    "amd.com/gpu.vram={bad:?} is not one GPU's memory in GiB, such as 16G"
+                )),
             );
         }
-        assert_eq!(label_memory(&l(NVIDIA_MEMORY, "lots"), nvidia), None);
-        assert_eq!(label_memory(&BTreeMap::new(), nvidia), None);
+        assert_eq!(
+            label_memory(&l("amd.com/gpu.vram.lots", "2"), "amd.com/gpu").unwrap_err(),
+            "no amd.com/gpu.vram.<size> label names one GPU's memory in GiB, such as \
+             amd.com/gpu.vram.16G"
+        );
+        assert_eq!(
+            label_memory(&BTreeMap::new(), "amd.com/gpu").unwrap_err(),
+            "no nvidia.com/gpu.memory or amd.com/gpu.vram label"
+        );
+        // A size that is no number of MiB is named with what it says, and a missing one too.
+        for bad in ["lots", "0", "24GB", "99999999999999999"] {
+            assert_eq!(
+                label_memory(&l(NVIDIA_MEMORY, bad), nvidia),
+                Err(format!(
+                    "nvidia.com/gpu.memory={bad:?} is not one GPU's memory in MiB, such as 24576"
+                ))
+            );
+        }
+        assert_eq!(
+            label_memory(&BTreeMap::new(), nvidia).unwrap_err(),
+            "no nvidia.com/gpu.memory label"
+        );
         // A time-sliced GPU under another name is still the whole GPU's memory.
         let shared = "nvidia.com/gpu.shared";
         assert_eq!(
             label_memory(&l(NVIDIA_MEMORY, "23028"), shared),
-            Some(23028 << 20)
+            Ok(23028 << 20)
         );
     }
 
@@ -229,17 +308,20 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string())),
         );
         let small = "nvidia.com/mig-1g.5gb";
-        assert_eq!(label_memory(&labels, small), Some(4864 << 20));
+        assert_eq!(label_memory(&labels, small), Ok(4864 << 20));
         assert_eq!(
             label_memory(&labels, "nvidia.com/mig-3g.20gb"),
-            Some(20096 << 20)
+            Ok(20096 << 20)
         );
         assert_eq!(
             product(&labels, small).as_deref(),
             Some("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb")
         );
         // A profile the node does not label is unknown, not the whole GPU's 40 GiB.
-        assert_eq!(label_memory(&labels, "nvidia.com/mig-2g.10gb"), None);
+        assert_eq!(
+            label_memory(&labels, "nvidia.com/mig-2g.10gb").unwrap_err(),
+            "no nvidia.com/mig-2g.10gb.memory label"
+        );
         assert_eq!(
             memory_label(small).as_deref(),
             Some("nvidia.com/mig-1g.5gb.memory")
@@ -308,17 +390,28 @@ mod tests {
             let n = one(node(gpu, 1, replicas), &request(gpu, None));
             assert_eq!((n.memory, n.shared_by), (Some(24 << 30), 1), "{replicas:?}");
         }
-        // A replicas label that is no count leaves the share unknown, as an unlabelled GPU.
+        // A replicas label that is no count leaves the share unknown, as an unlabelled GPU,
+        // and says why.
         for bad in ["many", "-2", "100000"] {
             let n = one(
                 node(gpu, 4, &[("nvidia.com/gpu.replicas", bad)]),
                 &request(gpu, None),
             );
             assert_eq!(n.memory, None, "{bad}");
+            assert_eq!(
+                n.unknown.unwrap(),
+                format!(
+                    "nvidia.com/gpu.replicas={bad:?} is not a count of the pods that share a \
+                     GPU, 0 to 1024"
+                )
+            );
         }
         // engine.gpuMemory is what a replica may use, as the spec says it.
         let n = one(node(gpu, 4, &sliced), &request(gpu, Some(10 << 30)));
-        assert_eq!((n.memory, n.labelled), (Some(10 << 30), false));
+        assert_eq!(
+            (n.memory, n.labelled, n.unknown),
+            (Some(10 << 30), false, None)
+        );
         // A MIG slice shared by two: its profile's replicas label.
         let mig = "nvidia.com/mig-1g.5gb";
         let n = one(
@@ -343,5 +436,34 @@ mod tests {
             Some("nvidia.com/gpu.replicas")
         );
         assert_eq!(sharing_label("amd.com/gpu"), None);
+    }
+
+    #[test]
+    fn nodes_of_unknown_gpu_memory_are_named_with_why_the_first_five() {
+        let gpu = "nvidia.com/gpu";
+        let nodes: Vec<Arc<Node>> = (0..7)
+            .map(|i| {
+                let mut n = (*node(gpu, 1, &[])).clone();
+                n.metadata.name = Some(format!("n{i}"));
+                let labels = n.metadata.labels.as_mut().unwrap();
+                match i {
+                    0 => drop(labels.remove(NVIDIA_MEMORY)),
+                    1 => drop(labels.insert(NVIDIA_MEMORY.into(), "24GB".into())),
+                    _ => drop(labels.insert("nvidia.com/gpu.replicas".into(), "many".into())),
+                }
+                Arc::new(n)
+            })
+            .collect();
+        let names: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
+        let gpus = node_gpus(&nodes, &names, &request(gpu, None));
+        let text = unknown_text(&gpus.iter().collect::<Vec<_>>());
+        assert!(
+            text.starts_with(
+                "n0: no nvidia.com/gpu.memory label; n1: nvidia.com/gpu.memory=\"24GB\" is not \
+                 one GPU's memory in MiB, such as 24576; n2: nvidia.com/gpu.replicas=\"many\" is"
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with("; n4: nvidia.com/gpu.replicas=\"many\" is not a count of the pods that share a GPU, 0 to 1024; and 2 more"), "{text}");
     }
 }
