@@ -5,7 +5,9 @@
 //! Place reports, in the scheduler's words, a second model wanting the same GPUs (and which pod
 //! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
 //! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
-//! memory, a time-sliced share by its part of the GPU, and a replica of two shares is refused.
+//! memory, a time-sliced share by its part of the GPU, and a replica of two shares is refused. A
+//! node whose replicas label is no count is left out, named with that label in Check's message,
+//! and the scheduler keeps the pod off it.
 //!
 //! The GPUs are MiB, not GiB: the pipeline mirrors the model before it is placed, so the model is
 //! the test bed's small one, and the GPUs are sized to it. The same decision at GiB sizes (a model
@@ -247,6 +249,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         format!("{pool}-mig"),
         format!("{pool}-shared"),
     );
+    let unknown = format!("{pool}-unknown");
     let nodes = GpuNodes {
         tb: &tb,
         names: vec![
@@ -256,12 +259,17 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
             spare_too.clone(),
             mig.clone(),
             shared.clone(),
+            unknown.clone(),
         ],
     };
-    // One GPU of 512 MiB cut into two slices of 64 MiB, and one time-sliced four ways.
+    // One GPU of 512 MiB cut into two slices of 64 MiB, one time-sliced four ways, and a node of
+    // two whose replicas label is no count of pods, so that a GPU's share there is unknown.
+    let mut unknown_node = gpu_node(&unknown, &pool, 2, 512, 12);
+    unknown_node["metadata"]["labels"]["nvidia.com/gpu.replicas"] = "many".into();
     for node in [
         mig_node(&mig, &pool, (1, 512), (2, 64)),
         shared_node(&shared, &pool, 512, 4),
+        unknown_node,
     ] {
         let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
         assert!(applied.status.success(), "{applied:?}");
@@ -313,6 +321,13 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     assert_eq!(check.gpu_layers, Some(layers), "full offload: {checked}");
     assert_eq!(check.devices.len(), 2, "{check:#?}");
     assert_eq!(check.gpu_memory_bytes, Some(512 << 20));
+    assert!(
+        checked.contains(&format!(
+            "left out ({unknown}: nvidia.com/gpu.replicas=\"many\" is not a count of the pods \
+             that share a GPU, 0 to 1024)"
+        )),
+        "the node of unknown memory is named with why: {checked}"
+    );
     for d in &check.devices {
         assert!(d.total_bytes + (4 << 20) <= d.memory_bytes, "{d:?}");
         println!(
