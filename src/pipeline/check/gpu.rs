@@ -533,14 +533,12 @@ mod tests {
         let unlabelled = [node("bare", 1, None, Some(12))];
         let e = plan(&h, &flags(), &unlabelled, &request(1)).unwrap_err();
         assert!(e.contains("(bare: no nvidia.com/gpu.memory label); set engine.gpuMemory"));
-        let some = [
-            node("bare", 1, None, Some(12)),
-            node("l4", 1, Some(24 * GIB), Some(12)),
-        ];
-        let m = plan(&h, &flags(), &some, &request(1)).map(|p| p.message);
+        let l4 = node("l4", 1, Some(24 * GIB), Some(12));
+        let some = [unlabelled[0].clone(), l4];
+        let m = plan(&h, &flags(), &some, &request(1)).unwrap().message;
         assert!(
-            m.unwrap()
-                .contains("left out (bare: no nvidia.com/gpu.memory label)")
+            m.contains("left out (bare: no nvidia.com/gpu.memory label)"),
+            "{m}"
         );
     }
 
