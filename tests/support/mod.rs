@@ -387,13 +387,29 @@ pub fn drop_log(log: &Path) {
     }
 }
 
-/// A TCP port free right now on 127.0.0.1.
+/// A TCP port free right now on 127.0.0.1, for a server started next, below Linux's ephemeral
+/// range (32768 and up). A port that bind(0) hands out comes from that range, and until the
+/// server binds it, any outgoing connection of the tests (to the API server, say) may take it as
+/// its source port: CI once saw the operator refuse to start, its metrics port "already in use".
+/// Each call takes the next port of a sequence that starts where the process ID says, so the
+/// tests of one binary, which run at once, never get the same port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const PORTS: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % PORTS;
+    for _ in 0..PORTS {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (FIRST + (start + n) % PORTS) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no free port on 127.0.0.1 from {FIRST} to {}",
+        FIRST + PORTS - 1
+    )
 }
 
 /// A mirror service on a free loopback port, storing into a temporary directory.
