@@ -41,11 +41,21 @@ pub fn usable(env: &Env, engine: &EngineSpec, check: Option<&CheckStatus>) -> Ve
     let planned = check
         .and_then(|c| c.gpu_memory_bytes)
         .map_or(0, |m| m.max(0) as u64);
-    let mut usable: Vec<Usable> = g
-        .nodes
+    // Where the plan's memory came from a node label, the Deployment's affinity asks that label
+    // for it (catalog::gpu::affinity), and a node that does not say is not one the replica gets.
+    let by_label = planned > 0
+        && engine.gpu_memory.is_none()
+        && gpu::memory_label(&g.request.resource).is_some();
+    admitted(g.nodes, g.request.gpus, planned, by_label)
+}
+
+/// The nodes that give a replica `gpus` GPUs of at least `planned` each, in name order; those
+/// whose GPU memory is unknown only where it is not asked `by_label`.
+fn admitted(nodes: Vec<gpu::NodeGpus>, gpus: u32, planned: u64, by_label: bool) -> Vec<Usable> {
+    let mut usable: Vec<Usable> = nodes
         .into_iter()
-        .filter(|n| n.takes(g.request.gpus))
-        .filter(|n| n.memory.is_none_or(|m| m >= planned))
+        .filter(|n| n.takes(gpus))
+        .filter(|n| n.memory.map_or(!by_label, |m| m >= planned))
         .map(|n| Usable {
             node: n.node,
             gpus: n.count,
@@ -241,6 +251,35 @@ mod tests {
         assert!(
             m.contains("2 by first-abc); 5 more nodes the replica may use were not read;"),
             "{m}"
+        );
+    }
+
+    #[test]
+    fn a_node_whose_gpu_memory_is_unknown_is_usable_only_where_no_label_is_asked() {
+        let gpus = |name: &str, count: u32, memory: Option<u64>| gpu::NodeGpus {
+            node: name.into(),
+            count,
+            memory,
+            shared_by: 1,
+            labelled: memory.is_some(),
+            unknown: None,
+            product: None,
+            driver_major: None,
+            host_memory: 0,
+        };
+        let nodes = || {
+            vec![
+                gpus("unknown", 2, None),
+                gpus("small", 2, Some(8 << 30)),
+                gpus("large", 2, Some(24 << 30)),
+                gpus("one", 1, Some(24 << 30)),
+            ]
+        };
+        let names = |u: Vec<Usable>| u.into_iter().map(|u| u.node).collect::<Vec<_>>();
+        assert_eq!(names(admitted(nodes(), 2, 16 << 30, true)), ["large"]);
+        assert_eq!(
+            names(admitted(nodes(), 2, 16 << 30, false)),
+            ["large", "unknown"]
         );
     }
 
