@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
 use crate::api::{CheckStatus, EngineSpec};
+use crate::pipeline::catalog;
 use crate::pipeline::check::{GpuCheck, fit, gpu};
 use crate::pipeline::env::Env;
 use crate::units::parse_quantity;
@@ -41,11 +42,9 @@ pub fn usable(env: &Env, engine: &EngineSpec, check: Option<&CheckStatus>) -> Ve
     let planned = check
         .and_then(|c| c.gpu_memory_bytes)
         .map_or(0, |m| m.max(0) as u64);
-    // Where the plan's memory came from a node label, the Deployment's affinity asks that label
-    // for it (catalog::gpu::affinity), and a node that does not say is not one the replica gets.
-    let by_label = planned > 0
-        && engine.gpu_memory.is_none()
-        && gpu::memory_label(&g.request.resource).is_some();
+    // Where the Deployment's affinity asks the memory label, a node that does not say is not one
+    // the replica gets.
+    let by_label = check.is_some_and(|c| catalog::gpu::affinity(engine, c).is_some());
     admitted(g.nodes, g.request.gpus, planned, by_label)
 }
 
