@@ -128,12 +128,12 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     let unknown: Vec<&NodeGpus> = usable
         .iter()
         .copied()
-        .filter(|n| n.memory.is_none())
+        .filter(|n| n.memory.is_err())
         .collect();
     let mut classes: Vec<Class> = usable
         .iter()
         .filter_map(|n| {
-            n.memory.map(|memory| Class {
+            n.known().map(|memory| Class {
                 memory,
                 labelled: n.labelled,
                 product: n.product.clone(),
@@ -195,7 +195,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     let chosen: Vec<&NodeGpus> = usable
         .iter()
         .copied()
-        .filter(|n| n.memory.is_some_and(|m| m >= class.memory))
+        .filter(|n| n.known().is_some_and(|m| m >= class.memory))
         .collect();
     let mut shared_by: Vec<u32> = chosen.iter().map(|n| n.shared_by).collect();
     shared_by.sort_unstable();
@@ -300,12 +300,9 @@ mod tests {
         NodeGpus {
             node: name.into(),
             count,
-            memory,
+            memory: memory.ok_or_else(|| "no nvidia.com/gpu.memory label".to_string()),
             shared_by: 1,
             labelled: memory.is_some(),
-            unknown: memory
-                .is_none()
-                .then(|| "no nvidia.com/gpu.memory label".into()),
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
             host_memory: 64 * GIB,

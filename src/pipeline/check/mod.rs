@@ -197,20 +197,7 @@ pub fn request(r: &ResolvedStatus, p: &Plan) -> String {
         None => base,
         Some(g) => {
             // The placement depends on the nodes' GPUs: a change there checks again.
-            let nodes: Vec<String> = g
-                .nodes
-                .iter()
-                .map(|n| {
-                    let shared = match n.shared_by {
-                        1 => String::new(),
-                        by => format!(":/{by}"),
-                    };
-                    format!(
-                        "{}:{}:{:?}:{:?}:{}{shared}",
-                        n.node, n.count, n.memory, n.driver_major, n.host_memory
-                    )
-                })
-                .collect();
+            let nodes: Vec<String> = g.nodes.iter().map(gpu::NodeGpus::key).collect();
             let digest = crate::units::digest(nodes.join(",").as_bytes());
             format!("{base} {} gpus@{digest}", g.request.key())
         }
@@ -435,7 +422,7 @@ fn judge(
                     g.nodes.iter().any(|n| {
                         n.node == c.name
                             && n.takes(g.request.gpus)
-                            && n.memory.is_some_and(|m| m >= memory)
+                            && n.known().is_some_and(|m| m >= memory)
                     })
                 })
                 .cloned()

@@ -54,7 +54,7 @@ fn admitted(nodes: Vec<gpu::NodeGpus>, gpus: u32, planned: u64, by_label: bool) 
     let mut usable: Vec<Usable> = nodes
         .into_iter()
         .filter(|n| n.takes(gpus))
-        .filter(|n| n.memory.map_or(!by_label, |m| m >= planned))
+        .filter(|n| n.known().map_or(!by_label, |m| m >= planned))
         .map(|n| Usable {
             node: n.node,
             gpus: n.count,
@@ -258,10 +258,9 @@ mod tests {
         let gpus = |name: &str, count: u32, memory: Option<u64>| gpu::NodeGpus {
             node: name.into(),
             count,
-            memory,
+            memory: memory.ok_or_else(|| "no nvidia.com/gpu.memory label".to_string()),
             shared_by: 1,
             labelled: memory.is_some(),
-            unknown: None,
             product: None,
             driver_major: None,
             host_memory: 0,

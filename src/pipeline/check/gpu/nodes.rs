@@ -61,14 +61,13 @@ pub struct NodeGpus {
     pub count: u32,
     /// The memory one unit of the resource may use, from the labels or engine.gpuMemory: a GPU
     /// shared by `shared_by` pods counts its part, as MPS limits each one to (time-slicing
-    /// does not, but then the pods that share it all fit).
-    pub memory: Option<u64>,
+    /// does not, but then the pods that share it all fit). Unknown: why, the label that is
+    /// missing or one that says no size or count.
+    pub memory: Result<u64, String>,
     /// How many pods share each GPU (time-slicing or MPS); 1 when not shared.
     pub shared_by: u32,
     /// Whether `memory` came from the node's own label (node affinity can select on it).
     pub labelled: bool,
-    /// Why `memory` is None: the label that is missing, or one that says no size or count.
-    pub unknown: Option<String>,
     pub product: Option<String>,
     pub driver_major: Option<u32>,
     /// Allocatable host memory.
@@ -81,6 +80,28 @@ impl NodeGpus {
     /// and MPS refuses a pod more than one).
     pub fn takes(&self, gpus: u32) -> bool {
         self.count >= gpus && (gpus <= 1 || self.shared_by == 1)
+    }
+
+    /// The memory one unit of the resource may use, where it is known.
+    pub fn known(&self) -> Option<u64> {
+        self.memory.as_ref().ok().copied()
+    }
+
+    /// What of the node the placement depends on, for status.check.request: a change there
+    /// checks again. A known memory reads as it did before an unknown one said why.
+    pub fn key(&self) -> String {
+        let memory = match &self.memory {
+            Ok(m) => format!("Some({m})"),
+            Err(why) => format!("None({why})"),
+        };
+        let shared = match self.shared_by {
+            1 => String::new(),
+            by => format!(":/{by}"),
+        };
+        format!(
+            "{}:{}:{memory}:{:?}:{}{shared}",
+            self.node, self.count, self.driver_major, self.host_memory
+        )
     }
 }
 
@@ -103,10 +124,9 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
-                memory: req.memory.or(labelled.clone().ok()),
                 shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_ok(),
-                unknown: labelled.err().filter(|_| req.memory.is_none()),
+                memory: req.memory.map_or(labelled, Ok),
                 product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
                 host_memory: get("memory").unwrap_or(0),
@@ -198,23 +218,16 @@ fn amd_vram(labels: &BTreeMap<String, String>) -> Result<u64, Option<String>> {
 /// How many nodes [`unknown_text`] names; the rest are counted.
 const NAMED: usize = 5;
 
-/// The nodes whose GPU memory is unknown, each with why: "a: no nvidia.com/gpu.memory label;
-/// b: ...", the first [`NAMED`] of them and how many more.
+/// Those of `nodes` whose GPU memory is unknown, each with why: "a: no nvidia.com/gpu.memory
+/// label; b: ...", the first [`NAMED`] of them and how many more.
 pub fn unknown_text(nodes: &[&NodeGpus]) -> String {
-    let mut text = nodes
+    let unknown: Vec<String> = nodes
         .iter()
-        .take(NAMED)
-        .map(|n| {
-            let why = n
-                .unknown
-                .as_deref()
-                .unwrap_or("its GPUs' memory is not known");
-            format!("{}: {why}", n.node)
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    if nodes.len() > NAMED {
-        text = format!("{text}; and {} more", nodes.len() - NAMED);
+        .filter_map(|n| Some(format!("{}: {}", n.node, n.memory.as_ref().err()?)))
+        .collect();
+    let mut text = unknown[..unknown.len().min(NAMED)].join("; ");
+    if unknown.len() > NAMED {
+        text = format!("{text}; and {} more", unknown.len() - NAMED);
     }
     text
 }
@@ -375,12 +388,12 @@ mod tests {
             ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
         ];
         let n = one(node(gpu, 4, &sliced), &request(gpu, None));
-        assert_eq!((n.count, n.memory, n.shared_by), (4, Some(6 << 30), 4));
+        assert_eq!((n.count, n.memory, n.shared_by), (4, Ok(6 << 30), 4));
         assert!(n.labelled);
         // The same shares under their own name keep the labels of nvidia.com/gpu.
         let renamed = "nvidia.com/gpu.shared";
         let n = one(node(renamed, 4, &sliced), &request(renamed, None));
-        assert_eq!((n.count, n.memory, n.shared_by), (4, Some(6 << 30), 4));
+        assert_eq!((n.count, n.memory, n.shared_by), (4, Ok(6 << 30), 4));
         // Not shared: GFD's 1, or 0 when sharing is off, or no label at all.
         for replicas in [
             &[("nvidia.com/gpu.replicas", "1")][..],
@@ -388,7 +401,7 @@ mod tests {
             &[],
         ] {
             let n = one(node(gpu, 1, replicas), &request(gpu, None));
-            assert_eq!((n.memory, n.shared_by), (Some(24 << 30), 1), "{replicas:?}");
+            assert_eq!((n.memory, n.shared_by), (Ok(24 << 30), 1), "{replicas:?}");
         }
         // A replicas label that is no count leaves the share unknown, as an unlabelled GPU,
         // and says why.
@@ -397,21 +410,18 @@ mod tests {
                 node(gpu, 4, &[("nvidia.com/gpu.replicas", bad)]),
                 &request(gpu, None),
             );
-            assert_eq!(n.memory, None, "{bad}");
             assert_eq!(
-                n.unknown.unwrap(),
-                format!(
+                n.memory,
+                Err(format!(
                     "nvidia.com/gpu.replicas={bad:?} is not a count of the pods that share a \
                      GPU, 0 to 1024"
-                )
+                )),
+                "{bad}"
             );
         }
         // engine.gpuMemory is what a replica may use, as the spec says it.
         let n = one(node(gpu, 4, &sliced), &request(gpu, Some(10 << 30)));
-        assert_eq!(
-            (n.memory, n.labelled, n.unknown),
-            (Some(10 << 30), false, None)
-        );
+        assert_eq!((n.memory, n.labelled), (Ok(10 << 30), false));
         // A MIG slice shared by two: its profile's replicas label.
         let mig = "nvidia.com/mig-1g.5gb";
         let n = one(
@@ -426,7 +436,7 @@ mod tests {
             ),
             &request(mig, None),
         );
-        assert_eq!((n.memory, n.shared_by), (Some(2432 << 20), 2));
+        assert_eq!((n.memory, n.shared_by), (Ok(2432 << 20), 2));
         assert_eq!(
             sharing_label(mig).as_deref(),
             Some("nvidia.com/mig-1g.5gb.replicas")
@@ -439,9 +449,31 @@ mod tests {
     }
 
     #[test]
+    fn a_nodes_key_changes_with_why_its_memory_is_unknown_and_a_known_ones_stays_as_it_was() {
+        let gpu = "nvidia.com/gpu";
+        let names = ["n".to_string()];
+        let key = |extra: &[(&str, &str)]| {
+            node_gpus(&[node(gpu, 2, extra)], &names, &request(gpu, None))[0].key()
+        };
+        // The key status.check.request held before the reason was kept: no check again.
+        assert_eq!(key(&[]), "n:2:Some(25769803776):None:68719476736");
+        assert_eq!(
+            key(&[("nvidia.com/gpu.replicas", "2")]),
+            "n:2:Some(12884901888):None:68719476736:/2"
+        );
+        let bad = key(&[(NVIDIA_MEMORY, "24GB")]);
+        assert!(
+            bad.starts_with("n:2:None(nvidia.com/gpu.memory=\"24GB\" is"),
+            "{bad}"
+        );
+        assert_ne!(bad, key(&[(NVIDIA_MEMORY, "lots")]));
+    }
+
+    #[test]
     fn nodes_of_unknown_gpu_memory_are_named_with_why_the_first_five() {
         let gpu = "nvidia.com/gpu";
-        let nodes: Vec<Arc<Node>> = (0..7)
+        // n3 is labelled as it should be: it is not named, nor counted.
+        let nodes: Vec<Arc<Node>> = (0..8)
             .map(|i| {
                 let mut n = (*node(gpu, 1, &[])).clone();
                 n.metadata.name = Some(format!("n{i}"));
@@ -449,12 +481,13 @@ mod tests {
                 match i {
                     0 => drop(labels.remove(NVIDIA_MEMORY)),
                     1 => drop(labels.insert(NVIDIA_MEMORY.into(), "24GB".into())),
+                    3 => {}
                     _ => drop(labels.insert("nvidia.com/gpu.replicas".into(), "many".into())),
                 }
                 Arc::new(n)
             })
             .collect();
-        let names: Vec<String> = (0..7).map(|i| format!("n{i}")).collect();
+        let names: Vec<String> = (0..8).map(|i| format!("n{i}")).collect();
         let gpus = node_gpus(&nodes, &names, &request(gpu, None));
         let text = unknown_text(&gpus.iter().collect::<Vec<_>>());
         assert!(
@@ -464,6 +497,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.ends_with("; n4: nvidia.com/gpu.replicas=\"many\" is not a count of the pods that share a GPU, 0 to 1024; and 2 more"), "{text}");
+        assert!(text.ends_with("; n5: nvidia.com/gpu.replicas=\"many\" is not a count of the pods that share a GPU, 0 to 1024; and 2 more"), "{text}");
+        assert!(!text.contains("n3"), "{text}");
     }
 }
