@@ -387,29 +387,54 @@ pub fn drop_log(log: &Path) {
     }
 }
 
-/// A TCP port free right now on 127.0.0.1, for a server started next, below Linux's ephemeral
-/// range (32768 and up). A port that bind(0) hands out comes from that range, and until the
-/// server binds it, any outgoing connection of the tests (to the API server, say) may take it as
-/// its source port: CI once saw the operator refuse to start, its metrics port "already in use".
-/// Each call takes the next port of a sequence that starts where the process ID says, so the
-/// tests of one binary, which run at once, never get the same port.
+/// A TCP port free right now on 127.0.0.1, for a server started next, outside the kernel's
+/// ephemeral range ([`ports_outside_ephemeral`]). A port that bind(0) hands out comes from that
+/// range, and until the server binds it, any outgoing connection of the tests (to the API server,
+/// say) may take it as its source port: CI once saw the operator refuse to start, its metrics
+/// port "already in use". Each call takes the next port of a sequence that starts where the
+/// process ID says, so the tests of one binary, which run at once, never get the same port.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
-    const FIRST: u32 = 20_000;
-    const PORTS: u32 = 12_000;
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id().wrapping_mul(2_654_435_761) % PORTS;
-    for _ in 0..PORTS {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok();
+    let (first, ports) = ports_outside_ephemeral(range.as_deref());
+    let start = std::process::id().wrapping_mul(2_654_435_761) % ports;
+    for _ in 0..ports {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let port = (FIRST + (start + n) % PORTS) as u16;
+        let port = (first + (start + n) % ports) as u16;
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
     }
     panic!(
-        "no free port on 127.0.0.1 from {FIRST} to {}",
-        FIRST + PORTS - 1
+        "no free port on 127.0.0.1 from {first} to {}",
+        first + ports - 1
     )
+}
+
+/// The first port and how many follow it that the tests' servers take: 20000 to 31999 where the
+/// ephemeral range (Linux's `ip_local_port_range`, "32768\t60999" by default) leaves them out;
+/// else the ports above the range, or from 10000 to below it, where there are at least 4000;
+/// else, with a range that leaves no such block, 20000 to 31999 all the same.
+fn ports_outside_ephemeral(range: Option<&str>) -> (u32, u32) {
+    const USUAL: (u32, u32) = (20_000, 12_000);
+    const LEAST: u32 = 4_000;
+    let mut bounds = range
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|v| v.parse::<u32>().ok().filter(|p| *p <= 65_535));
+    let (Some(Some(low)), Some(Some(high))) = (bounds.next(), bounds.next()) else {
+        return USUAL;
+    };
+    if low >= USUAL.0 + USUAL.1 || high < USUAL.0 {
+        USUAL
+    } else if 65_535 - high >= LEAST {
+        (high + 1, (65_535 - high).min(USUAL.1))
+    } else if low >= 10_000 + LEAST {
+        (10_000, (low - 10_000).min(USUAL.1))
+    } else {
+        USUAL
+    }
 }
 
 /// A mirror service on a free loopback port, storing into a temporary directory.
