@@ -193,6 +193,8 @@ pub(crate) struct Parts {
     /// rows a hybrid model's host layer leaves below its attention's copies on a GPU under op
     /// offload (`offload`), where the scan phase is not alive.
     pub ffn: u64,
+    /// One ubatch of the widest dense FFN's gate rows (n_ff f32 per token).
+    pub gate: u64,
     /// One ubatch of scaled token embeddings where the first block runs (`SCALED_EMBEDDINGS`).
     pub scaled: u64,
     /// The residual rows of the reserved outputs (n_embd f32 each).
@@ -552,6 +554,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         residual: bytes(residual),
         query: bytes(query),
         ffn: bytes(ubatch * 4 * ffn_phase),
+        gate: bytes(ubatch * 4 * n_ff),
         scaled: bytes(scaled),
         out_rows: bytes(out_rows),
         moe_tail: bytes(moe_tail),

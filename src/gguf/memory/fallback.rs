@@ -49,6 +49,7 @@ pub(super) fn parts(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         residual: 0,
         query: 0,
         ffn: 0,
+        gate: 0,
         scaled: 0,
         out_rows: 0,
         moe_tail: 0,

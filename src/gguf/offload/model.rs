@@ -188,6 +188,23 @@ impl Model {
         gated && p.moe_tail == 0 && p.latent_compute == 0 && p.scaled == 0 && !self.any_recurrent()
     }
 
+    /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
+    /// where its first block runs outside a pipeline. The host scales the rows it gathered,
+    /// and the device gets them copied in as any model's input, which the FFN's norm takes
+    /// when the layer is done with it. The hole the attention's query rows leave stays below
+    /// the FFN where its gate is wider than they are (GGML_ALLOCATOR_DEBUG's layouts over an
+    /// rpc-server device: gemma3-bench's 4 MiB hole under an 18 MiB gate, 72.52 MiB logged
+    /// against the block and masks' 68.50; the gate takes it in gemma3-tiny and gemma3-gpu,
+    /// whose gate is as wide, 5.77 and 9.02 MiB against 5.75 and 9.00).
+    fn query_hole(&self) -> u128 {
+        let p = &self.parts;
+        if p.scaled > 0 && p.gate > p.query {
+            u128::from(p.query)
+        } else {
+            0
+        }
+    }
+
     /// The GPU of layer `il` (the output layer is `n_layer`), as `get_layer_buft_list` picks
     /// it; None: the host.
     fn device_of(&self, il: u32, ngl: u32, cumulative: &[f32]) -> Option<usize> {
@@ -300,8 +317,9 @@ impl Model {
     /// logged them over llama.cpp's RPC backend. The allocator reuses memory from layer to
     /// layer, so a device that runs any block needs one layer's peak (`memory`'s activations),
     /// however many it holds, less the embeddings input that only the host has, plus the masks
-    /// its layers read (and the scaled embeddings where the first block runs); the logits are
-    /// where the output layer is, after the blocks have freed theirs. Besides:
+    /// its layers read (and where the first block runs, the scaled embeddings in a pipeline or
+    /// the query's hole outside one: `Model::query_hole`); the logits are where the output layer
+    /// is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
@@ -394,7 +412,11 @@ impl Model {
                 _ => 0,
             };
             if first(s) {
-                c += u128::from(p.scaled);
+                c += if pipeline {
+                    u128::from(p.scaled)
+                } else {
+                    self.query_hole()
+                };
             }
             // A mamba2 layer's chain over the residual rows below it: the device's peak where
             // the layer is the whole block, else a floor under `memory`'s fitted one; a device

@@ -84,6 +84,40 @@ fn a_device_reads_only_the_masks_of_its_layers() {
     );
 }
 
+#[test]
+fn gemmas_first_block_on_one_device_keeps_the_querys_hole_where_its_gate_is_wider() {
+    let f = flags(16384, 1);
+    // What the one device holds above the block and the masks, and the parts.
+    let above = |m: &Model| {
+        let h = m.header();
+        let p = parts(&h, &f);
+        let one = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
+        let base = p.activations - p.residual + p.masks;
+        (one.devices[0].compute - base, p)
+    };
+    // A gate of n_ff 4096 is wider than the query's 8 heads of 128: their hole stays.
+    let wide = Model::llama(4, 16 * MIB).windowed();
+    let (hole, p) = above(&wide);
+    assert!(p.scaled > 0 && p.gate > p.query);
+    assert_eq!(hole, p.query);
+    // As wide as the query (n_ff 1024): the gate takes the hole. The scaled rows are the
+    // host's, copied in as any model's input, and count nowhere here.
+    let mut even = Model::llama(4, 16 * MIB).windowed();
+    even.kv.push(("feed_forward_length", Value::U32(1024)));
+    let (hole, p) = above(&even);
+    assert_eq!((p.gate, hole), (p.query, 0));
+    // The CPU alone holds both the gathered and the scaled rows.
+    let h = even.header();
+    assert_eq!(
+        estimate(&h, &f).compute,
+        (p.activations + p.scaled + p.masks).max(p.logits + 2 * p.residual + p.out_rows)
+    );
+    // A llama keeps neither.
+    let llama = Model::llama(4, 16 * MIB);
+    let (hole, p) = above(&llama);
+    assert_eq!((p.scaled, hole), (0, 0));
+}
+
 /// A mamba2 model of `blocks` blocks with the memory benchmark's scan (no FFN).
 pub(super) fn mamba2(blocks: u64) -> Model {
     let mut m = Model::llama(blocks, 16 * MIB);
