@@ -189,13 +189,16 @@ impl Model {
     }
 
     /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
-    /// where its first block runs outside a pipeline. The host scales the rows it gathered,
-    /// and the device gets them copied in as any model's input, which the FFN's norm takes
-    /// when the layer is done with it. The hole the attention's query rows leave stays below
-    /// the FFN where its gate is wider than they are (GGML_ALLOCATOR_DEBUG's layouts over an
-    /// rpc-server device: gemma3-bench's 4 MiB hole under an 18 MiB gate, 72.52 MiB logged
-    /// against the block and masks' 68.50; the gate takes it in gemma3-tiny and gemma3-gpu,
-    /// whose gate is as wide, 5.77 and 9.02 MiB against 5.75 and 9.00).
+    /// on a device that runs its first block, or any block in a pipeline. The host scales the
+    /// rows it gathered, and the device gets them copied in as any model's input, which the
+    /// FFN's norm takes when the layer is done with it. The hole the attention's query rows
+    /// leave stays below the FFN where its gate is wider than they are (GGML_ALLOCATOR_DEBUG's
+    /// layouts over rpc-server devices, gemma3-bench's 4 MiB hole under an 18 MiB gate: 72.52
+    /// MiB logged on one device against the block and masks' 68.50; 91.04 and 107.07 on two,
+    /// 1:3, against 87.00 and 103.00 without it. The gate takes the hole in gemma3-tiny and
+    /// gemma3-gpu, whose gate is as wide: 5.77 and 9.02 MiB on one device against 5.75 and
+    /// 9.00). Outside a pipeline, a device without the first block peaks without it
+    /// (gemma3-bench, partial on two: 68.52 and 64.51 against 68.50 and 64.50).
     fn query_hole(&self) -> u128 {
         let p = &self.parts;
         if p.scaled > 0 && p.gate > p.query {
@@ -317,9 +320,9 @@ impl Model {
     /// logged them over llama.cpp's RPC backend. The allocator reuses memory from layer to
     /// layer, so a device that runs any block needs one layer's peak (`memory`'s activations),
     /// however many it holds, less the embeddings input that only the host has, plus the masks
-    /// its layers read (and where the first block runs, the scaled embeddings in a pipeline or
-    /// the query's hole outside one: `Model::query_hole`); the logits are where the output layer
-    /// is, after the blocks have freed theirs. Besides:
+    /// its layers read (and the scaled embeddings where a pipeline's first block runs, and the
+    /// query's hole where it runs or a pipeline: `Model::query_hole`); the logits are where the
+    /// output layer is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
@@ -411,12 +414,11 @@ impl Model {
                 _ if blocks => phase + masks_freed,
                 _ => 0,
             };
-            if first(s) {
-                c += if pipeline {
-                    u128::from(p.scaled)
-                } else {
-                    self.query_hole()
-                };
+            if first(s) && pipeline {
+                c += u128::from(p.scaled);
+            }
+            if blocks && (pipeline || first(s)) {
+                c += self.query_hole();
             }
             // A mamba2 layer's chain over the residual rows below it: the device's peak where
             // the layer is the whole block, else a floor under `memory`'s fitted one; a device

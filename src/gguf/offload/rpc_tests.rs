@@ -71,7 +71,8 @@ fn a_device_reads_only_the_masks_of_its_layers() {
     assert!(p.mask_full > 0 && p.mask_window > 0);
     let split = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(split.devices[0].layers, 0..3);
-    let block = p.activations - p.residual;
+    // Each device keeps the hole of the query, which is narrower than the gate.
+    let block = p.activations - p.residual + p.query;
     assert_eq!(
         split.devices[0].compute,
         block + p.scaled + p.mask_window + 3 * (p.residual + p.mask_window),
@@ -87,7 +88,7 @@ fn a_device_reads_only_the_masks_of_its_layers() {
 #[test]
 fn gemmas_first_block_on_one_device_keeps_the_querys_hole_where_its_gate_is_wider() {
     let f = flags(16384, 1);
-    // What the one device holds above the block and the masks, and the parts.
+    // What one device holds above the block and the masks.
     let above = |m: &Model| {
         let h = m.header();
         let p = parts(&h, &f);
@@ -96,8 +97,7 @@ fn gemmas_first_block_on_one_device_keeps_the_querys_hole_where_its_gate_is_wide
         (one.devices[0].compute - base, p)
     };
     // A gate of n_ff 4096 is wider than the query's 8 heads of 128: their hole stays.
-    let wide = Model::llama(4, 16 * MIB).windowed();
-    let (hole, p) = above(&wide);
+    let (hole, p) = above(&Model::llama(4, 16 * MIB).windowed());
     assert!(p.scaled > 0 && p.gate > p.query);
     assert_eq!(hole, p.query);
     // As wide as the query (n_ff 1024): the gate takes the hole. The scaled rows are the
