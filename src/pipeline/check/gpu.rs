@@ -125,11 +125,8 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             n.driver_major.unwrap_or_default()
         ));
     }
-    let unknown: Vec<&NodeGpus> = usable
-        .iter()
-        .copied()
-        .filter(|n| n.memory.is_err())
-        .collect();
+    // The nodes whose GPU memory is unknown, named with why; empty where there are none.
+    let unknown = unknown_text(&usable);
     let mut classes: Vec<Class> = usable
         .iter()
         .filter_map(|n| {
@@ -144,8 +141,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     classes.dedup_by_key(|c| c.memory);
     if classes.is_empty() {
         return Err(format!(
-            "no node says how much memory its GPUs have ({}); set engine.gpuMemory to one GPU's memory, such as 24Gi",
-            unknown_text(&unknown)
+            "no node says how much memory its GPUs have ({unknown}); set engine.gpuMemory to one GPU's memory, such as 24Gi"
         ));
     }
     let split = vec![1.0; want as usize];
@@ -209,8 +205,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
     }
     if !unknown.is_empty() {
         message = format!(
-            "{message}; nodes whose GPU memory is not known are left out ({}): set engine.gpuMemory to count them",
-            unknown_text(&unknown)
+            "{message}; nodes whose GPU memory is not known are left out ({unknown}): set engine.gpuMemory to count them"
         );
     }
     Ok(Plan {
