@@ -292,7 +292,7 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         "gemma3-tiny-f16",
         "op offload, 1 host 2:1",
         "dev0",
-        0.10,
+        0.11,
         COPIES_OVER,
     ),
     (
@@ -440,7 +440,7 @@ struct Models {
     /// testbed/gpu-check.sh's hybrid model (`GPU_CHECK`), which only the H200 row's test
     /// serves. The tables leave the three out: there their compute buffers of 5 to 15 MiB are
     /// up to 26% over the engine's in 14 rows (gemma3's full offload on one device, the 15th,
-    /// is 9.00 MiB against 9.02 now), and their host parts 1.23-1.27x the peak RSS.
+    /// is 9.02 MiB against 9.02 now), and their host parts 1.23-1.27x the peak RSS.
     gpu_hybrid: PathBuf,
 }
 

@@ -197,6 +197,12 @@ pub(crate) struct Parts {
     pub gate: u64,
     /// One ubatch of scaled token embeddings where the first block runs (`SCALED_EMBEDDINGS`).
     pub scaled: u64,
+    /// The small graph inputs a split running attention layers reads, allocated before its
+    /// rows and kept: the ubatch's positions (i32), and per KV cache its layers write (full,
+    /// window) each token's key and value cell (i64 each, flash attention's layout; a latent
+    /// cache has keys only). 0 without attention.
+    pub positions: u64,
+    pub cache_indices: u64,
     /// The residual rows of the reserved outputs (n_embd f32 each).
     pub out_rows: u64,
     /// A mamba2 layer's rows on a device.
@@ -431,6 +437,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         0
     };
     let masks = mask_full + mask_window;
+    let attends = full_layers + swa_layers > 0;
     let residual = ubatch * n_embd_w * 4;
     let used = u(&EXPERT_USED);
     let expert_rows = used * u(&EXPERT_FEED_FORWARD) * ubatch * 4;
@@ -556,6 +563,11 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         ffn: bytes(ubatch * 4 * ffn_phase),
         gate: bytes(ubatch * 4 * n_ff),
         scaled: bytes(scaled),
+        positions: bytes(if attends { ubatch * 4 } else { 0 }),
+        cache_indices: bytes(match (attends, mla && f.build >= MLA_NO_V_FROM) {
+            (false, _) => 0,
+            (true, latent) => ubatch * 8 * if latent { 1 } else { 2 },
+        }),
         out_rows: bytes(out_rows),
         moe_tail: bytes(moe_tail),
         dense_lead: bytes(u(&LEADING_DENSE)),

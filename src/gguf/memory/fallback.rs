@@ -51,6 +51,8 @@ pub(super) fn parts(h: &Header, weights: u128, arch: &str, f: &Flags) -> Parts {
         ffn: 0,
         gate: 0,
         scaled: 0,
+        positions: 0,
+        cache_indices: 0,
         out_rows: 0,
         moe_tail: 0,
         dense_lead: 0,

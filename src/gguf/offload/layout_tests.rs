@@ -1,6 +1,7 @@
 //! Where the graph allocator's holes set a compute buffer's peak, as llama-server laid them
 //! out over an rpc-server device (`testbed/alloc-trace.sh` prints those layouts).
 
+use super::inputs_tests::inputs;
 use super::tests::{MIB, Model, N_EMBD, flags};
 use super::*;
 use crate::gguf::header::Value;
@@ -21,7 +22,7 @@ fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
     );
     assert_eq!(
         with.devices[0].compute,
-        p.activations + p.masks,
+        p.activations + p.masks + inputs(&p, 1),
         "the CPU's own peak"
     );
     assert_eq!(
@@ -31,7 +32,10 @@ fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
     // A partial offload's device takes the host's rows as its input: the same hole.
     let partial = one(&gated, 3, &[1.0]).unwrap();
     assert_eq!(partial.devices[0].layers, 2..4);
-    assert_eq!(partial.devices[0].compute, p.activations + p.masks);
+    assert_eq!(
+        partial.devices[0].compute,
+        p.activations + p.masks + inputs(&p, 1)
+    );
     // A pipeline keeps its inputs, so leaves no hole.
     let (a, b) = (
         one(&gated, 5, &[1.0, 1.0]).unwrap(),
@@ -91,6 +95,6 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     assert_eq!(most.devices[0].layers, 1..4);
     assert_eq!(
         most.devices[0].compute,
-        p.activations - p.residual + p.masks
+        p.activations - p.residual + p.masks + inputs(&p, 1)
     );
 }

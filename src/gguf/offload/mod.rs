@@ -29,6 +29,8 @@
 
 mod fit;
 #[cfg(test)]
+mod inputs_tests;
+#[cfg(test)]
 mod layout_tests;
 mod message;
 mod model;

@@ -197,7 +197,7 @@ impl Model {
     /// MiB logged on one device against the block and masks' 68.50; 91.04 and 107.07 on two,
     /// 1:3, against 87.00 and 103.00 without it. The gate takes the hole in gemma3-tiny and
     /// gemma3-gpu, whose gate is as wide: 5.77 and 9.02 MiB on one device against 5.75 and
-    /// 9.00). Outside a pipeline, a device without the first block peaks without it
+    /// 9.00, the rest being the small inputs). Outside a pipeline, a device without the first block peaks without it
     /// (gemma3-bench, partial on two: 68.52 and 64.51 against 68.50 and 64.50).
     fn query_hole(&self) -> u128 {
         let p = &self.parts;
@@ -324,7 +324,9 @@ impl Model {
     /// query's hole where it runs or a pipeline: `Model::query_hole`); the logits are where the
     /// output layer is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
-    ///   embeddings input and the rows gathered from `token_embd`) and the masks; with layers
+    ///   embeddings input and the rows gathered from `token_embd`), the masks, the token ids
+    ///   and the small inputs every device running attention holds too
+    ///   (`Model::small_inputs`); with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
     ///   attention after one MoE block at most (`Model::latent_unfragmented`), which a device
     ///   outside a pipeline reaches too;
@@ -400,11 +402,14 @@ impl Model {
             let masks_freed = if pipeline { 0 } else { m };
             // The model's last block alone: its FFN runs on the output rows only
             // (`inp_out_ids`), so the attention sets the peak.
+            // The traced latent rows hold the graph's small inputs already.
+            let mut inputs_counted = false;
             let phase = if self.last_only(&s.layers) {
                 self.last_attention
             } else if self.input_hole && !pipeline {
                 block + residual
             } else if self.latent_unfragmented(&s.layers) && !pipeline {
+                inputs_counted = true;
                 u128::from(p.latent_rows)
             } else {
                 block
@@ -459,22 +464,30 @@ impl Model {
                 let rows = if first(s) { copies - 1 } else { copies };
                 c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
+            let mut reads = masks.get(d).copied().unwrap_or_default();
             if d == 0 && op_offload {
                 // The host blocks' FFN with the weight copied in, or their attention with its
                 // copies (which holds what weights it keeps).
-                let held = first_gpu_masks(masks);
+                reads = first_gpu_masks(masks);
                 c = c
-                    .max(block + mask(held) + u128::from(p.scaled) + u128::from(largest))
+                    .max(block + mask(reads) + u128::from(p.scaled) + u128::from(largest))
                     .max(self.offloaded_attention(host, largest));
                 if host.output {
                     c += logits;
                 }
             }
+            if (blocks || (d == 0 && op_offload)) && !inputs_counted {
+                c += copies * self.small_inputs(reads);
+            }
             s.compute = clamp(c);
         }
-        let inputs = 2 * residual + all_masks;
+        // The host's inputs: the token ids (i32) and the small ones beside the embeddings and
+        // masks, each of them copied for a pipeline.
+        let small =
+            4 * u128::from(self.ubatch) + self.small_inputs((p.mask_full > 0, p.mask_window > 0));
+        let inputs = 2 * residual + all_masks + small;
         host.compute = if full {
-            clamp(inputs + (copies - 1) * (residual + all_masks))
+            clamp(inputs + (copies - 1) * (residual + all_masks + small))
         } else if !op_offload {
             if self.hands_over_gate(host) {
                 clamp(p.scan.handing_over(residual, u128::from(self.ubatch)))

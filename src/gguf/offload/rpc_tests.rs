@@ -1,6 +1,7 @@
 //! The placement against what llama-server logged over llama.cpp's RPC backend (each
 //! rpc-server a device; tests/offload_engine.rs runs it), on headers built by hand.
 
+use super::inputs_tests::inputs;
 use super::op_offload_tests::op_offload_peak;
 use super::tests::{GIB, MIB, Model, N_EMBD, flags, gpus};
 use super::*;
@@ -25,7 +26,9 @@ fn rpc_devices_do_not_run_the_hosts_matrix_multiplies() {
     assert!(p.kv[0] > 0);
     assert_eq!(
         cuda.devices[0].compute,
-        rpc.devices[0].compute.max(op_offload_peak(&p, ffn))
+        rpc.devices[0]
+            .compute
+            .max(op_offload_peak(&p, ffn) + inputs(&p, 1))
     );
     // The host runs its layers' prompt itself: the CPU's own compute figure.
     assert_eq!(rpc.host.compute, estimate(&h, &f).compute);
@@ -43,24 +46,6 @@ fn a_device_with_only_the_output_layer_needs_only_the_logits_and_their_rows() {
 }
 
 #[test]
-fn the_host_keeps_the_graphs_inputs_and_the_pipeline_four_copies() {
-    let m = Model::llama(4, 64 * MIB);
-    let (h, f, p) = (m.header(), flags(4096, 1), model_parts(&m));
-    let inputs = 2 * p.residual + p.masks;
-    let one = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
-    assert_eq!(one.host.compute, inputs);
-    assert_eq!(
-        one.devices[0].compute,
-        p.activations - p.residual + p.masks,
-        "the blocks' peak; the logits come after it"
-    );
-    let two = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
-    let copies = 3 * (p.residual + p.masks);
-    assert_eq!(two.host.compute, inputs + copies);
-    assert_eq!(two.devices[0].compute, one.devices[0].compute + copies);
-}
-
-#[test]
 fn a_device_reads_only_the_masks_of_its_layers() {
     // Layers 0-2 slide over a window, layer 3 attends to everything.
     let (h, f) = (
@@ -75,12 +60,12 @@ fn a_device_reads_only_the_masks_of_its_layers() {
     let block = p.activations - p.residual + p.query;
     assert_eq!(
         split.devices[0].compute,
-        block + p.scaled + p.mask_window + 3 * (p.residual + p.mask_window),
+        block + p.scaled + p.mask_window + 3 * (p.residual + p.mask_window) + 4 * inputs(&p, 1),
         "window layers, the first block with gemma's scaled embeddings"
     );
     assert_eq!(
         split.devices[1].compute,
-        block + 4 * (p.residual + p.mask_full),
+        block + 4 * (p.residual + p.mask_full) + 4 * inputs(&p, 1),
         "the next device keeps four copies of its input row as well"
     );
 }
@@ -93,7 +78,8 @@ fn gemmas_first_block_on_one_device_keeps_the_querys_hole_where_its_gate_is_wide
         let h = m.header();
         let p = parts(&h, &f);
         let one = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
-        let base = p.activations - p.residual + p.masks;
+        let caches = u64::from(p.mask_full > 0) + u64::from(p.mask_window > 0);
+        let base = p.activations - p.residual + p.masks + inputs(&p, caches);
         (one.devices[0].compute - base, p)
     };
     // A gate of n_ff 4096 is wider than the query's 8 heads of 128: their hole stays.
@@ -261,7 +247,7 @@ fn an_attention_after_two_mamba2_layers_in_a_row_keeps_its_mask_under_their_rows
     let one = place_on(&later, &f, 9, &[1.0], Backend::RPC).unwrap();
     assert_eq!(
         u128::from(one.devices[0].compute),
-        4 * r + p.scan.follow + mask
+        4 * r + p.scan.follow + mask + u128::from(inputs(&p, 1))
     );
     // Before the first attention (granitehybrid-tiny's layout: attention in layer 2 of 4), or
     // with none after the scans (the masks' last reader has run), the fitted peak stands.
@@ -309,7 +295,7 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     // The block's input, its norm, the query and the roped query (as wide as the embeddings).
     assert_eq!(
         partial.devices[0].compute,
-        4 * p.residual + p.masks,
+        4 * p.residual + p.masks + inputs(&p, 1),
         "the attention, not the FFN"
     );
     assert!(p.activations - p.residual > 3 * p.residual);
@@ -325,13 +311,13 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     let fused = place_on(&fused, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(
         fused.devices[0].compute,
-        p.residual + p.residual + (p.residual + 2 * kv) + kv + p.masks
+        p.residual + p.residual + (p.residual + 2 * kv) + kv + p.masks + inputs(&p, 1)
     );
     // Without the projections' tensors (the hand-built header's blocks) nothing changes.
     let before = place_on(&plain, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(
         before.devices[0].compute,
-        p.activations - p.residual + p.masks
+        p.activations - p.residual + p.masks + inputs(&p, 1)
     );
     // Without rope (granite's hybrid with `rope.scaling.finetuned` false) there is no roped
     // query: the query, key and value rows.
@@ -342,22 +328,7 @@ fn a_device_with_only_the_last_block_peaks_in_its_attention() {
     let partial = place_on(&nope, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(
         partial.devices[0].compute,
-        3 * p.residual + 2 * kv + p.masks
-    );
-}
-
-#[test]
-fn a_pipelines_output_device_keeps_its_input_copies_beside_the_logits() {
-    // A narrow FFN and many slots: the slots' logits outweigh the block.
-    let mut m = Model::llama(4, MIB);
-    m.kv.push(("feed_forward_length", Value::U32(64)));
-    let (h, f) = (m.header(), flags(4096, 64));
-    let p = parts(&h, &f);
-    assert!(p.logits > p.activations);
-    let two = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
-    assert_eq!(
-        two.devices[1].compute,
-        4 * (p.residual + p.masks) + p.logits + 2 * p.out_rows
+        3 * p.residual + 2 * kv + p.masks + inputs(&p, 1)
     );
 }
 
@@ -441,11 +412,14 @@ fn the_first_device_after_a_hosts_moe_block_runs_that_blocks_tail() {
     let partial = place_on(&h, &f, 3, &[1.0], Backend::RPC).unwrap();
     assert_eq!(partial.host.layers, 0..2);
     assert!(p.moe_tail > p.activations);
-    assert_eq!(partial.devices[0].compute, p.moe_tail + p.masks);
+    assert_eq!(
+        partial.devices[0].compute,
+        p.moe_tail + p.masks + inputs(&p, 1)
+    );
     let full = place_on(&h, &f, 5, &[1.0], Backend::RPC).unwrap();
     assert_eq!(
         full.devices[0].compute,
-        p.activations - p.residual + p.masks
+        p.activations - p.residual + p.masks + inputs(&p, 1)
     );
 }
 
@@ -563,15 +537,18 @@ fn a_devices_lone_attention_layer_frees_the_masks_for_the_recurrent_layers_after
     assert!(!partial.flash_attention_off);
     // The input, its norm, the query, a roped query, the key and the value (8 heads of 128
     // for each: as wide as the embeddings) beside the masks; the scan after them, alone.
-    assert_eq!(partial.devices[0].compute, (6 * r + p.masks).max(block));
+    assert_eq!(
+        partial.devices[0].compute,
+        (6 * r + p.masks).max(block) + inputs(&p, 1)
+    );
     // Attention after a recurrent block: the masks stay through that block's peak.
     let later = place_on(&h, &f, 4, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(later.devices[0].layers, 1..3);
-    assert_eq!(later.devices[0].compute, block + p.masks);
+    assert_eq!(later.devices[0].compute, block + p.masks + inputs(&p, 1));
     // Without the projections' weights their rows are unknown: memory's block beside the masks.
     let plain = granite(&[0, 0, 8, 0]).header();
     let unknown = place_on(&plain, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
-    assert_eq!(unknown.devices[0].compute, block + p.masks);
+    assert_eq!(unknown.devices[0].compute, block + p.masks + inputs(&p, 1));
 }
 
 #[test]

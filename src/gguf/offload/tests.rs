@@ -1,5 +1,6 @@
 //! The placement against the engine's rules, on headers built by hand.
 
+use super::inputs_tests::inputs;
 use super::op_offload_tests::op_offload_peak;
 use super::*;
 use crate::gguf::header::{TensorInfo, Value, parse, write};
@@ -319,7 +320,9 @@ fn a_gpu_running_any_layer_needs_one_layers_compute_and_the_first_copies_host_we
     assert!(p.query > 0 && p.kv_values[1] == p.kv[1] / 2);
     assert_eq!(
         some.devices[0].compute,
-        full.devices[0].compute.max(op_offload_peak(&p, ffn))
+        full.devices[0]
+            .compute
+            .max(op_offload_peak(&p, ffn) + inputs(&p, 1))
     );
     assert!(
         some.host.compute > full.host.compute,
