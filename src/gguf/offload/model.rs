@@ -188,26 +188,6 @@ impl Model {
         gated && p.moe_tail == 0 && p.latent_compute == 0 && p.scaled == 0 && !self.any_recurrent()
     }
 
-    /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
-    /// on a device that runs its first block, or any block in a pipeline. The host scales the
-    /// rows it gathered, and the device gets them copied in as any model's input, which the
-    /// FFN's norm takes when the layer is done with it. The hole the attention's query rows
-    /// leave stays below the FFN where its gate is wider than they are (GGML_ALLOCATOR_DEBUG's
-    /// layouts over rpc-server devices, gemma3-bench's 4 MiB hole under an 18 MiB gate: 72.52
-    /// MiB logged on one device against the block and masks' 68.50; 91.04 and 107.07 on two,
-    /// 1:3, against 87.00 and 103.00 without it. The gate takes the hole in gemma3-tiny and
-    /// gemma3-gpu, whose gate is as wide: 5.77 and 9.02 MiB on one device against 5.75 and
-    /// 9.00, the rest being the small inputs). Outside a pipeline, a device without the first block peaks without it
-    /// (gemma3-bench, partial on two: 68.52 and 64.51 against 68.50 and 64.50).
-    fn query_hole(&self) -> u128 {
-        let p = &self.parts;
-        if p.scaled > 0 && p.gate > p.query {
-            u128::from(p.query)
-        } else {
-            0
-        }
-    }
-
     /// The GPU of layer `il` (the output layer is `n_layer`), as `get_layer_buft_list` picks
     /// it; None: the host.
     fn device_of(&self, il: u32, ngl: u32, cumulative: &[f32]) -> Option<usize> {
@@ -320,8 +300,8 @@ impl Model {
     /// logged them over llama.cpp's RPC backend. The allocator reuses memory from layer to
     /// layer, so a device that runs any block needs one layer's peak (`memory`'s activations),
     /// however many it holds, less the embeddings input that only the host has, plus the masks
-    /// its layers read (and the scaled embeddings where a pipeline's first block runs, and the
-    /// query's hole where it runs or a pipeline: `Model::query_hole`); the logits are where the
+    /// its layers read (and the query's hole where the first block runs or in a pipeline:
+    /// `Model::query_hole`); the logits are where the
     /// output layer is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`), the masks, the token ids
@@ -332,8 +312,9 @@ impl Model {
     ///   outside a pipeline reaches too;
     /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
     ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs, allocated first
-    ///   and never freed, so still there beside the logits: the residual (the first device's
-    ///   block counts one) and the masks, and where a mamba2 layer ends one device's run and
+    ///   and never freed, so still there beside the logits: the residual (on the first device
+    ///   below its block's rows, but for a scan's or latent attention's fitted ones, which
+    ///   hold one) and the masks, and where a mamba2 layer ends one device's run and
     ///   another begins the next, the in-projection on the next device and its gate back on
     ///   the first (`memory::Scan`);
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
@@ -419,9 +400,6 @@ impl Model {
                 _ if blocks => phase + masks_freed,
                 _ => 0,
             };
-            if first(s) && pipeline {
-                c += u128::from(p.scaled);
-            }
             if blocks && (pipeline || first(s)) {
                 c += self.query_hole();
             }
@@ -461,7 +439,16 @@ impl Model {
                 c = c.max(logits + rows + 2 * u128::from(p.out_rows));
             }
             if pipeline {
-                let rows = if first(s) { copies - 1 } else { copies };
+                // The first device's four copies of its input lie below its block too, whose
+                // own residual rows are the attention's output and its norm's hole (llama-tiny,
+                // 1:3: 17.54 MiB logged, one row less counted; gemma's scaled rows had stood in
+                // for it); a scan's or latent attention's fitted rows hold one of them.
+                let fitted = self.any_recurrent() || p.latent_compute > 0;
+                let rows = if first(s) && fitted {
+                    copies - 1
+                } else {
+                    copies
+                };
                 c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             let mut reads = masks.get(d).copied().unwrap_or_default();

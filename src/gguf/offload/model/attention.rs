@@ -391,6 +391,27 @@ impl Model {
             && first_moe + 2 >= u64::from(layers.end)
     }
 
+    /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
+    /// on a device that runs its first block, or any block in a pipeline. The host scales the
+    /// rows it gathered, and the device gets them copied in as any model's input, which the
+    /// FFN's norm takes when the layer is done with it. The hole the attention's query rows
+    /// leave stays below the FFN where its gate is wider than they are (GGML_ALLOCATOR_DEBUG's
+    /// layouts over rpc-server devices, gemma3-bench's 4 MiB hole under an 18 MiB gate: 72.52
+    /// MiB logged on one device against the block and masks' 68.50; 91.04 and 107.07 on two,
+    /// 1:3, against 87.00 and 103.00 without it. The gate takes the hole in gemma3-tiny and
+    /// gemma3-gpu, whose gate is as wide: 5.77 and 9.02 MiB on one device against 5.75 and
+    /// 9.00, the rest being the small inputs). Outside a pipeline, a device without the first
+    /// block peaks without it (gemma3-bench, partial on two: 68.52 and 64.51 against 68.50 and
+    /// 64.50).
+    pub(super) fn query_hole(&self) -> u128 {
+        let p = &self.parts;
+        if p.scaled > 0 && p.gate > p.query {
+            u128::from(p.query)
+        } else {
+            0
+        }
+    }
+
     /// The small graph inputs (`memory::Parts::positions`, `cache_indices`) of a split whose
     /// layers read `masks` (full, window): the positions and each cache's cell indices, which
     /// the allocator places first and keeps under the split's rows (alloc traces: 18 KiB
