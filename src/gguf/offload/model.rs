@@ -301,12 +301,11 @@ impl Model {
     /// layer, so a device that runs any block needs one layer's peak (`memory`'s activations),
     /// however many it holds, less the embeddings input that only the host has, plus the masks
     /// its layers read (and the query's hole where the first block runs or in a pipeline:
-    /// `Model::query_hole`); the logits are where the
-    /// output layer is, after the blocks have freed theirs. Besides:
+    /// `Model::query_hole`), and the small inputs below them (`Model::small_inputs`); the
+    /// logits are where the output layer is, after the blocks have freed theirs. Besides:
     /// - the host's buffer holds the graph's inputs: the ubatch's embeddings twice (the
     ///   embeddings input and the rows gathered from `token_embd`), the masks, the token ids
-    ///   and the small inputs every device running attention holds too
-    ///   (`Model::small_inputs`); with layers
+    ///   and the small inputs; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
     ///   attention after one MoE block at most (`Model::latent_unfragmented`), which a device
     ///   outside a pipeline reaches too;
@@ -381,10 +380,10 @@ impl Model {
             let blocks = !s.layers.is_empty();
             // Outside a pipeline the split's copy of the masks is freed before the logits.
             let masks_freed = if pipeline { 0 } else { m };
-            // The model's last block alone: its FFN runs on the output rows only
-            // (`inp_out_ids`), so the attention sets the peak.
             // The traced latent rows hold the graph's small inputs already.
             let mut inputs_counted = false;
+            // The model's last block alone: its FFN runs on the output rows only
+            // (`inp_out_ids`), so the attention sets the peak.
             let phase = if self.last_only(&s.layers) {
                 self.last_attention
             } else if self.input_hole && !pipeline {
