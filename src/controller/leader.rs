@@ -277,6 +277,18 @@ impl Election {
         }
     }
 
+    /// Stops competing without giving the Lease up, for a replica that lost it: the lease
+    /// manager's release, which runs once its channel closes, clears the holder without a
+    /// precondition where its cached state still names this replica, and so wiped the claim
+    /// of the replica that had taken the Lease over (tests/leader.rs). The task ends before
+    /// the channel closes, so that release never runs.
+    pub async fn abandon(self) {
+        self.task.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        drop(self.leading);
+        info!(lease = %format!("{}/{}", self.namespace, self.name), "left the lease to its holder");
+    }
+
     /// Gives the Lease up, so a standby takes over at once (on a clean shutdown).
     pub async fn release(self) {
         let lease = self.lease();

@@ -224,11 +224,18 @@ pub async fn run(config: Config) -> Result<(), Error> {
         why = lost => Err(Error::LostLease(why)),
         _ = shutdown() => Ok(true),
     };
-    if stopped? {
-        info!("stopping");
-        if let Some(e) = election {
+    match (stopped, election) {
+        (Ok(true), Some(e)) => {
+            info!("stopping");
             e.release().await;
         }
+        (Ok(true), None) => info!("stopping"),
+        (Err(lost @ Error::LostLease(_)), Some(e)) => {
+            e.abandon().await;
+            return Err(lost);
+        }
+        (Err(e), _) => return Err(e),
+        (Ok(false), _) => {}
     }
     Ok(())
 }
