@@ -283,10 +283,11 @@ impl Election {
     /// of the replica that had taken the Lease over (tests/leader.rs). The task ends before
     /// the channel closes, so that release never runs.
     pub async fn abandon(self) {
+        let lease = self.lease();
         self.task.abort();
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
         drop(self.leading);
-        info!(lease = %format!("{}/{}", self.namespace, self.name), "left the lease to its holder");
+        info!(%lease, "left the lease to its holder");
     }
 
     /// Gives the Lease up, so a standby takes over at once (on a clean shutdown).

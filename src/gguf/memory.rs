@@ -264,6 +264,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
     let head_k_swa = hp.u(&KEY_LENGTH_SWA).map_or(head_k, u128::from);
     let head_v_swa = hp.u(&VALUE_LENGTH_SWA).map_or(head_v, u128::from);
     let mla = hp.get(&KEY_LENGTH_MLA).is_some();
+    let latent_cache = mla && f.build >= MLA_NO_V_FROM;
     let (default_swa, default_period) = swa_defaults(arch).unwrap_or((0, 0));
     let n_swa = hp.u(&SLIDING_WINDOW).unwrap_or(default_swa);
     let pattern = hp.get(&SLIDING_WINDOW_PATTERN);
@@ -336,11 +337,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         } else {
             (head_k, head_v)
         };
-        let v_width = if mla && f.build >= MLA_NO_V_FROM {
-            0
-        } else {
-            hv * heads
-        };
+        let v_width = if latent_cache { 0 } else { hv * heads };
         let row = (hk * heads + v_width) * KV_ELEMENT_BYTES;
         let cells = if swa { swa_cells } else { full_cells };
         kv += row * cells;
@@ -564,9 +561,9 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         gate: bytes(ubatch * 4 * n_ff),
         scaled: bytes(scaled),
         positions: bytes(if attends { ubatch * 4 } else { 0 }),
-        cache_indices: bytes(match (attends, mla && f.build >= MLA_NO_V_FROM) {
+        cache_indices: bytes(match (attends, latent_cache) {
             (false, _) => 0,
-            (true, latent) => ubatch * 8 * if latent { 1 } else { 2 },
+            (true, keys_only) => ubatch * 8 * if keys_only { 1 } else { 2 },
         }),
         out_rows: bytes(out_rows),
         moe_tail: bytes(moe_tail),
@@ -574,7 +571,7 @@ pub(crate) fn parts(h: &Header, f: &Flags) -> Parts {
         scan: scan(&hp, ubatch, parallel),
         latent_compute: bytes(latent_compute),
         latent_rows: bytes(latent_rows),
-        latent_cache: mla && f.build >= MLA_NO_V_FROM,
+        latent_cache,
     }
 }
 
