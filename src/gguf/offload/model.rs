@@ -319,7 +319,8 @@ impl Model {
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
     ///   rows the allocator leaves below it (measured): four where the first block runs outside
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
-    ///   freed), three above a pipeline's inputs; where two such layers follow each other in a
+    ///   freed), three above a pipeline's inputs (`Model::rows_under_first_scan` on its first
+    ///   device); where two such layers follow each other in a
     ///   hybrid block, the second's in-projection lands above the first's scan output
     ///   (`memory::Scan::follow`), and above the masks where they come between two attention
     ///   layers on the device (`Model::masks_under_scans`);
@@ -409,7 +410,8 @@ impl Model {
             // chain over 4 residual rows, 24.13 MiB against the fitted 22.89; alloc trace).
             let handed = d == 0 && op_offload && self.hands_over_gate(host);
             let below = match (pipeline, first(s) || handed) {
-                (true, _) => 3,
+                (true, true) => self.rows_under_first_scan(&s.layers),
+                (true, false) => 3,
                 (false, true) => 4,
                 (false, false) => 0,
             };

@@ -155,12 +155,20 @@ fn a_pipeline_splitting_mamba2_layers_copies_the_projection_and_the_gate_across(
     let (r, chain) = (u128::from(p.residual), p.scan.chain);
     assert_eq!(
         u128::from(two.devices[0].compute),
-        3 * r + 3 * r + chain + 4 * p.scan.gate,
-        "three copies of the embeddings beside the block's own, the gate's four"
+        4 * r + 3 * r + chain + 4 * p.scan.gate,
+        "the embeddings' four copies, the gate's four, and layer 1's chain over the holes and \
+         the output layer 0 leaves, as dev1's over its inputs"
     );
     assert_eq!(
         u128::from(two.devices[1].compute),
         4 * r + 3 * r + chain + 4 * p.scan.input
+    );
+    // Layer 0 alone has no layer before it: one row's hole under its chain.
+    let first = place_on(&h, &f, 9, &[1.0, 8.0], Backend::RPC).unwrap();
+    assert_eq!(first.devices[0].layers, 0..1);
+    assert_eq!(
+        u128::from(first.devices[0].compute),
+        4 * r + r + chain + 4 * p.scan.gate
     );
     // Outside a pipeline the boundary's single copies come and go before the chain.
     let partial = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
