@@ -86,8 +86,8 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     let more = place_on(&h, &f, 2, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(more.host.layers, 0..3);
     assert_eq!(more.host.compute, p.latent_compute);
-    // Two MoE blocks before an attention: the fitted figure, the CPU's, and a device's less
-    // the embeddings input only the host has.
+    // Two MoE blocks before an attention: the fitted figure, the CPU's, and a device's whole,
+    // its norm in the input's place.
     let all = place_on(&h, &f, 1, &[1.0], Backend::RPC).unwrap();
     assert_eq!(all.host.layers, 0..4);
     assert_eq!(all.host.compute, p.estimate.compute);
@@ -95,6 +95,21 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     assert_eq!(most.devices[0].layers, 1..4);
     assert_eq!(
         most.devices[0].compute,
-        p.activations - p.residual + p.masks + inputs(&p, 1)
+        p.activations + p.masks + inputs(&p, 1)
+    );
+    // A pipeline keeps its input copies: block 3's attention after block 2's MoE on the second
+    // device stacks the fitted rows above them; the first, whose last attention follows one
+    // MoE block, peaks before it.
+    let (r, m) = (p.residual, p.masks);
+    let pipeline = place_on(&h, &f, 5, &[1.0, 3.0], Backend::RPC).unwrap();
+    assert_eq!(pipeline.devices[1].layers, 2..4);
+    assert_eq!(
+        pipeline.devices[1].compute,
+        4 * r + 4 * m + 4 * inputs(&p, 1) + p.activations
+    );
+    assert_eq!(pipeline.devices[0].layers, 0..2);
+    assert_eq!(
+        pipeline.devices[0].compute,
+        3 * r + 4 * m + 4 * inputs(&p, 1) + p.activations - r
     );
 }

@@ -308,7 +308,8 @@ impl Model {
     ///   and the small inputs; with layers
     ///   of its own it runs them as the CPU alone does (`memory`'s compute), but for latent
     ///   attention after one MoE block at most (`Model::latent_unfragmented`), which a device
-    ///   outside a pipeline reaches too;
+    ///   outside a pipeline reaches too; a device running the attention after two, the second
+    ///   its own, holds the fitted rows whole (`Model::latent_fragmented`);
     /// - pipeline parallelism (several GPUs, everything offloaded; `llama_context`'s
     ///   constructor) keeps `PIPELINE_COPIES` copies of each split's inputs, allocated first
     ///   and never freed, so still there beside the logits: the residual (on the first device
@@ -319,11 +320,10 @@ impl Model {
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
     ///   rows the allocator leaves below it (measured): four where the first block runs outside
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
-    ///   freed), three above a pipeline's inputs (`Model::rows_under_first_scan` on its first
-    ///   device); where two such layers follow each other in a
-    ///   hybrid block, the second's in-projection lands above the first's scan output
-    ///   (`memory::Scan::follow`), and above the masks where they come between two attention
-    ///   layers on the device (`Model::masks_under_scans`);
+    ///   freed), three above a pipeline's inputs (`Model::rows_under_pipeline_scan`); where
+    ///   two such layers follow each other in a hybrid block, the second's in-projection lands
+    ///   above the first's scan output (`memory::Scan::follow`), and above the masks where they
+    ///   come between two attention layers on the device (`Model::masks_under_scans`);
     /// - outside a pipeline, with flash attention, a device whose first layer is its only
     ///   attending one frees the masks after that attention (their last reader) and runs the
     ///   layers after it in their place (`attention::projections`);
@@ -392,6 +392,8 @@ impl Model {
             } else if self.latent_unfragmented(&s.layers) && !pipeline {
                 inputs_counted = true;
                 u128::from(p.latent_rows)
+            } else if self.latent_fragmented(&s.layers) {
+                u128::from(p.activations)
             } else {
                 block
             };
@@ -410,8 +412,7 @@ impl Model {
             // chain over 4 residual rows, 24.13 MiB against the fitted 22.89; alloc trace).
             let handed = d == 0 && op_offload && self.hands_over_gate(host);
             let below = match (pipeline, first(s) || handed) {
-                (true, true) => self.rows_under_first_scan(&s.layers),
-                (true, false) => 3,
+                (true, _) => self.rows_under_pipeline_scan(&s.layers, first(s)),
                 (false, true) => 4,
                 (false, false) => 0,
             };
@@ -444,7 +445,8 @@ impl Model {
                 // own residual rows are the attention's output and its norm's hole (llama-tiny,
                 // 1:3: 17.54 MiB logged, one row less counted; gemma's scaled rows had stood in
                 // for it); a scan's or latent attention's fitted rows hold one of them.
-                let fitted = self.any_recurrent() || p.latent_compute > 0;
+                let fitted = self.any_recurrent()
+                    || (p.latent_compute > 0 && !self.latent_fragmented(&s.layers));
                 let rows = if first(s) && fitted {
                     copies - 1
                 } else {

@@ -391,6 +391,24 @@ impl Model {
             && first_moe + 2 >= u64::from(layers.end)
     }
 
+    /// Whether `layers` run the latent attention of a block that follows two MoE blocks, the
+    /// second of them here: it stacks above the holes the MoE block leaves, with its norm and
+    /// that block's output, memory's fitted rows whole, none of them the split's input
+    /// (`Model::latent_unfragmented` comes first outside a pipeline). deepseek2-bench over
+    /// rpc-server devices (dense block 0, MoE blocks 1 to 3), where block 3's attention sets
+    /// the peak: blocks 0 to 3 on one device, 31.54 MiB logged with its norm in the input's
+    /// place (32.01 counted; the block less a residual row had 30.51); in a full offload, above
+    /// a pipeline's input copies, masks and small inputs, 28.0 (the fitted rows) on the second
+    /// device at 1:3 (blocks 2 and 3: 50.02 logged, 48.52 counted before) and 27.54 on the
+    /// first at 3:1 (blocks 0 to 3: 49.56 logged, 50.02 now); where block 2's attention, after
+    /// one MoE block, is a device's last, block 1's sets its peak (0 to 2: 46.02 logged both at
+    /// 1:1 and 1:3). Alloc traces.
+    pub(super) fn latent_fragmented(&self, layers: &Range<u32>) -> bool {
+        let p = &self.parts;
+        let first = u64::from(layers.start + 1).max(p.dense_lead + 2);
+        p.latent_compute > 0 && p.moe_tail > 0 && first < u64::from(layers.end)
+    }
+
     /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
     /// on a device that runs its first block, or any block in a pipeline. The host scales the
     /// rows it gathered, and the device gets them copied in as any model's input, which the

@@ -47,20 +47,21 @@ impl Model {
         (first + 2..last).any(|il| self.recurrent(il - 1) && self.recurrent(il))
     }
 
-    /// The residual rows under a mamba2 chain on a pipeline's first device, beside the three
-    /// of its four input copies `Model::compute` counts for a model with fitted rows. Without
-    /// attention, the fourth copy, then where a layer after the first scans, the holes and
-    /// output its layer before leaves, as outside a pipeline (mamba2-bench, 1:3, layers 0-2:
-    /// four embeddings and four gates copied, 3.04 MiB of holes, layer 0's output and layer 1's
-    /// chain, 40.63 MiB logged, one row more than three counted); layer 0 alone, one row's hole
-    /// (mamba2-tiny, 1:3: 2.83 logged). A hybrid's first device keeps the unscaled embeddings
-    /// above the copies, and its later chains fit in the holes layer 0's leaves
-    /// (granitehybrid-bench, 1:3: 27.13 logged, 27.09 counted with three; alloc traces).
-    pub(super) fn rows_under_first_scan(&self, layers: &Range<u32>) -> u128 {
-        match (self.parts.masks > 0, self.runs_scan(&(1..layers.end))) {
-            (true, _) => 3,
-            (false, true) => 4,
-            (false, false) => 2,
+    /// The residual rows under a mamba2 chain in a pipeline, above the input copies
+    /// `Model::compute` counts (three on the first device of a model with fitted rows, four
+    /// on the others): three, the holes and the output the layer before leaves. In a model
+    /// without attention, the first device keeps its fourth input copy below them, or below
+    /// one row's hole where it runs block 0 alone (mamba2-bench, 1:3, blocks 0-2: four
+    /// embeddings and four gates copied, 3.04 MiB of holes, block 0's output and block 1's
+    /// chain, 40.63 MiB logged, one row more than three counted; mamba2-tiny, block 0 alone,
+    /// 2.83). A hybrid's first device keeps the unscaled embeddings above the copies, and its
+    /// later chains fit in the holes block 0's leaves (granitehybrid-bench, 1:3: 27.13 logged,
+    /// 27.09 counted with three; alloc traces).
+    pub(super) fn rows_under_pipeline_scan(&self, layers: &Range<u32>, first: bool) -> u128 {
+        match (first && self.parts.masks == 0, layers.len() > 1) {
+            (false, _) => 3,
+            (true, true) => 4,
+            (true, false) => 2,
         }
     }
 
