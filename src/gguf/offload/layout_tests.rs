@@ -98,8 +98,8 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
         p.activations + p.masks + inputs(&p, 1)
     );
     // A pipeline keeps its input copies: block 3's attention after block 2's MoE on the second
-    // device stacks the fitted rows above them; the first, whose last attention follows one
-    // MoE block, peaks before it.
+    // device stacks the fitted rows above them; the first, whose attention follows no MoE
+    // block, counts the block less the input, as before.
     let (r, m) = (p.residual, p.masks);
     let pipeline = place_on(&h, &f, 5, &[1.0, 3.0], Backend::RPC).unwrap();
     assert_eq!(pipeline.devices[1].layers, 2..4);

@@ -444,7 +444,10 @@ impl Model {
                 // The first device's four copies of its input lie below its block too, whose
                 // own residual rows are the attention's output and its norm's hole (llama-tiny,
                 // 1:3: 17.54 MiB logged, one row less counted; gemma's scaled rows had stood in
-                // for it); a scan's or latent attention's fitted rows hold one of them.
+                // for it); a scan's or latent attention's fitted rows hold one of them, but for
+                // the latent attention after two MoE blocks (`Model::latent_fragmented`; a
+                // model without attention counts it under its chain,
+                // `Model::rows_under_pipeline_scan`).
                 let fitted = self.any_recurrent()
                     || (p.latent_compute > 0 && !self.latent_fragmented(&s.layers));
                 let rows = if first(s) && fitted {

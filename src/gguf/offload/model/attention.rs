@@ -401,11 +401,11 @@ impl Model {
     /// a pipeline's input copies, masks and small inputs, 28.0 (the fitted rows) on the second
     /// device at 1:3 (blocks 2 and 3: 50.02 logged, 48.52 counted before) and 27.54 on the
     /// first at 3:1 (blocks 0 to 3: 49.56 logged, 50.02 now); where block 2's attention, after
-    /// one MoE block, is a device's last, block 1's sets its peak (0 to 2: 46.02 logged both at
-    /// 1:1 and 1:3). Alloc traces.
+    /// one MoE block, is a device's last, block 1's sets its peak (blocks 0 to 2 at 1:1 and 0
+    /// and 1 at 1:3: 46.02 logged both). Alloc traces.
     pub(super) fn latent_fragmented(&self, layers: &Range<u32>) -> bool {
         let p = &self.parts;
-        let first = u64::from(layers.start + 1).max(p.dense_lead + 2);
+        let first = (u64::from(layers.start) + 1).max(p.dense_lead + 2);
         p.latent_compute > 0 && p.moe_tail > 0 && first < u64::from(layers.end)
     }
 
