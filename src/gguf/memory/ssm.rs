@@ -82,6 +82,13 @@ pub(crate) struct Scan {
     /// the in-projection, the scan's output, the next rows, the next in-projection and gate;
     /// zero where that does not apply.
     pub follow: u128,
+    /// Whether the gate's copy (`ggml_cont(z)`), made after the scan, finds no hole in the
+    /// chain: the scan's output takes the convolution input's freed place where it fits, and
+    /// the gate then needs what is left of it, else the whole place. Where it finds none it
+    /// lands on top, which a pipeline's later device running one layer shows (alloc traces,
+    /// b11312: mamba2-tiny's output 0.27 MiB in the 0.32 place, its 0.25 gate on top;
+    /// mamba2-bench's 4.5 output on top, its 3.0 gate in the 3.54 place).
+    pub gate_spills: bool,
 }
 
 /// ggml's `TENSOR_ALIGNMENT`: the allocator rounds each tensor up to it.
@@ -119,6 +126,11 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
     let opens = OPENS_WITH_STATE.contains(&hp.arch);
     let gate = d_inner * tokens * 4;
     let rows = xbc * d_conv.saturating_sub(1) * seqs * 4;
+    let gate_spills = if y > conv_in {
+        gate > conv_in
+    } else {
+        gate > conv_in - y
+    };
     let follow = if FFN_AFTER_SCAN.contains(&hp.arch) && y <= conv_in {
         rows + input + y + rows + input + gate
     } else {
@@ -131,5 +143,6 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
         state_rows: if opens { rows } else { 0 },
         alone: hp.arch == "mamba2",
         follow,
+        gate_spills: opens && gate_spills,
     }
 }

@@ -2,6 +2,7 @@
 //! out over an rpc-server device (`testbed/alloc-trace.sh` prints those layouts).
 
 use super::inputs_tests::inputs;
+use super::rpc_tests::mamba2;
 use super::tests::{MIB, Model, N_EMBD, flags};
 use super::*;
 use crate::gguf::header::Value;
@@ -111,5 +112,43 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     assert_eq!(
         pipeline.devices[0].compute,
         3 * r + 4 * m + 4 * inputs(&p, 1) + p.activations - r
+    );
+}
+
+#[test]
+fn a_later_pipeline_device_running_one_mamba2_layer_has_the_gate_on_top_where_no_hole_holds_it() {
+    let f = flags(8192, 2);
+    // The benchmark's scan: its output is wider than the convolution's input, whose freed
+    // place then holds the gate's copy.
+    let h = mamba2(8).header();
+    let p = parts(&h, &f);
+    assert!(!p.scan.gate_spills);
+    let last = place_on(&h, &f, 9, &[3.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(last.devices[1].layers, 7..8);
+    let (r, chain, input) = (u128::from(p.residual), p.scan.chain, p.scan.input);
+    assert_eq!(
+        u128::from(last.devices[1].compute),
+        4 * r + r + chain + 4 * input,
+        "four input copies, one row's hole, the chain and the in-projection's four copies"
+    );
+    // mamba2-tiny's widths: the output takes the convolution input's place, and the gate,
+    // wider than what is left of it, lands on top.
+    let mut narrow = mamba2(8);
+    for (key, value) in &mut narrow.kv {
+        match *key {
+            "ssm.inner_size" => *value = Value::U32(128),
+            "ssm.state_size" => *value = Value::U32(16),
+            _ => {}
+        }
+    }
+    let h = narrow.header();
+    let p = parts(&h, &f);
+    assert!(p.scan.gate_spills);
+    let last = place_on(&h, &f, 9, &[3.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(last.devices[1].layers, 7..8);
+    let (r, chain, input) = (u128::from(p.residual), p.scan.chain, p.scan.input);
+    assert_eq!(
+        u128::from(last.devices[1].compute),
+        4 * r + r + chain + p.scan.gate + 4 * input
     );
 }

@@ -320,7 +320,7 @@ impl Model {
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
     ///   rows the allocator leaves below it (measured): four where the first block runs outside
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
-    ///   freed), three above a pipeline's inputs (`Model::rows_under_pipeline_scan`); where
+    ///   freed), three above a pipeline's inputs (`Model::beside_pipeline_scan`); where
     ///   two such layers follow each other in a hybrid block, the second's in-projection lands
     ///   above the first's scan output (`memory::Scan::follow`), and above the masks where they
     ///   come between two attention layers on the device (`Model::masks_under_scans`);
@@ -412,12 +412,12 @@ impl Model {
             // chain over 4 residual rows, 24.13 MiB against the fitted 22.89; alloc trace).
             let handed = d == 0 && op_offload && self.hands_over_gate(host);
             let below = match (pipeline, first(s) || handed) {
-                (true, _) => self.rows_under_pipeline_scan(&s.layers, first(s)),
-                (false, true) => 4,
+                (true, _) => self.beside_pipeline_scan(&s.layers, first(s)),
+                (false, true) => 4 * residual,
                 (false, false) => 0,
             };
             if below > 0 && self.runs_scan(&s.layers) {
-                let scan = below * residual + p.scan.chain;
+                let scan = below + p.scan.chain;
                 c = if p.scan.alone { scan } else { c.max(scan) };
                 if self.runs_scans_in_a_row(&s.layers) {
                     // Outside a pipeline (which counts its copies of the masks below), the
@@ -428,7 +428,7 @@ impl Model {
                     } else {
                         0
                     };
-                    c = c.max(below * residual + p.scan.follow + held);
+                    c = c.max(below + p.scan.follow + held);
                 }
             }
             if !s.layers.is_empty() && s.layers.start == host.layers.end && self.moe(host) {
@@ -447,7 +447,7 @@ impl Model {
                 // for it); a scan's or latent attention's fitted rows hold one of them, but for
                 // the latent attention after two MoE blocks (`Model::latent_fragmented`; a
                 // model without attention counts it under its chain,
-                // `Model::rows_under_pipeline_scan`).
+                // `Model::beside_pipeline_scan`).
                 let fitted = self.any_recurrent()
                     || (p.latent_compute > 0 && !self.latent_fragmented(&s.layers));
                 let rows = if first(s) && fitted {
