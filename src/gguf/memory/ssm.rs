@@ -126,11 +126,8 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
     let opens = OPENS_WITH_STATE.contains(&hp.arch);
     let gate = d_inner * tokens * 4;
     let rows = xbc * d_conv.saturating_sub(1) * seqs * 4;
-    let gate_spills = if y > conv_in {
-        gate > conv_in
-    } else {
-        gate > conv_in - y
-    };
+    // The convolution input's place, less the output where that went there.
+    let gate_spills = gate > conv_in - (y - above);
     let follow = if FFN_AFTER_SCAN.contains(&hp.arch) && y <= conv_in {
         rows + input + y + rows + input + gate
     } else {

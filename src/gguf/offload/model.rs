@@ -445,10 +445,9 @@ impl Model {
                 // own residual rows are the attention's output and its norm's hole (llama-tiny,
                 // 1:3: 17.54 MiB logged, one row less counted; gemma's scaled rows had stood in
                 // for it); a scan's or latent attention's fitted rows hold one of them, but for
-                // the latent attention after two MoE blocks (`Model::latent_fragmented`; a
-                // model without attention counts it under its chain,
-                // `Model::beside_pipeline_scan`).
-                let fitted = self.any_recurrent()
+                // the chain of a model without attention (`Model::scan_above_every_copy`) and
+                // the latent attention after two MoE blocks (`Model::latent_fragmented`).
+                let fitted = (self.any_recurrent() && !self.scan_above_every_copy(&s.layers))
                     || (p.latent_compute > 0 && !self.latent_fragmented(&s.layers));
                 let rows = if first(s) && fitted {
                     copies - 1

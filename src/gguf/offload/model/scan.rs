@@ -47,30 +47,32 @@ impl Model {
         (first + 2..last).any(|il| self.recurrent(il - 1) && self.recurrent(il))
     }
 
+    /// Whether a pipeline device's mamba2 chain lies above all four copies of its input, the
+    /// first device's included: so in a model without attention (mamba2-bench, 1:3, blocks 0-2
+    /// on the first device: four embeddings and four gates copied, 3.04 MiB of holes, block 0's
+    /// output and block 1's chain, 40.63 MiB logged, one row more than three copies counted). A
+    /// hybrid's first device keeps the unscaled embeddings above the copies, and its fitted
+    /// rows hold one of them (granitehybrid-bench, 1:3: 27.13 logged, 27.09 counted with
+    /// three; alloc traces).
+    pub(super) fn scan_above_every_copy(&self, layers: &Range<u32>) -> bool {
+        self.parts.masks == 0 && self.runs_scan(layers)
+    }
+
     /// What lies beside a mamba2 chain in a pipeline, above the input copies `Model::compute`
-    /// counts (three on the first device of a model with fitted rows, four on the others):
-    /// three residual rows, the holes and the output the layer before leaves. In a model
-    /// without attention, the first device keeps its fourth input copy below them, or below
-    /// one row's hole where it runs block 0 alone (mamba2-bench, 1:3, blocks 0-2: four
-    /// embeddings and four gates copied, 3.04 MiB of holes, block 0's output and block 1's
-    /// chain, 40.63 MiB logged, one row more than three counted; mamba2-tiny, block 0 alone,
-    /// 2.83); a later device running one block has one row's hole, and the gate's copy on top
-    /// where no hole holds it (`memory::Scan::gate_spills`; mamba2-bench at 3:1, block 7 alone:
-    /// 51.79 logged, 54.78 counted with three rows; mamba2-tiny at 1:3, block 1 alone, its gate
-    /// on top: 4.36). A hybrid's first device keeps the unscaled embeddings above the copies,
-    /// and its later chains fit in the holes block 0's leaves (granitehybrid-bench, 1:3: 27.13
-    /// logged, 27.09 counted with three; alloc traces).
+    /// counts: three residual rows, the holes and the output the layer before leaves. In a
+    /// model without attention, a device running one block has one row's hole instead (the
+    /// first with block 0 alone: mamba2-tiny, 1:3, 2.83 MiB logged), and a later one the
+    /// gate's copy on top where no hole holds it (`memory::Scan::gate_spills`; mamba2-bench at
+    /// 3:1, block 7 alone: 51.79 logged, 54.78 counted with three rows; mamba2-tiny at 1:3,
+    /// block 1 alone, its gate on top: 4.36; alloc traces).
     pub(super) fn beside_pipeline_scan(&self, layers: &Range<u32>, first: bool) -> u128 {
         let (p, residual) = (&self.parts, u128::from(self.parts.residual));
-        if p.masks > 0 {
-            return 3 * residual;
-        }
-        match (first, layers.len() > 1) {
-            (true, true) => 4 * residual,
-            (true, false) => 2 * residual,
-            (false, true) => 3 * residual,
-            (false, false) if p.scan.gate_spills => residual + p.scan.gate,
-            (false, false) => residual,
+        if p.masks > 0 || layers.len() > 1 {
+            3 * residual
+        } else if !first && p.scan.gate_spills {
+            residual + p.scan.gate
+        } else {
+            residual
         }
     }
 
