@@ -11,11 +11,11 @@
 #                         mtmd and the small tools tools/CMakeLists.txt adds), vendor, cmake files
 #   modelserve.gz         the static (musl) modelserve binary, stripped and gzipped, built as
 #                         build-image.sh builds it
-#   models/*.gguf         3 models of different families (llama: dense, untied output; gemma3:
-#                         sliding-window attention, tied 32k embeddings; granitehybrid: Mamba-2
-#                         layers with attention layers), written by gen_gguf.py with a real 32k
-#                         tokenizer and quantized to Q4_K_M by llama-quantize, as the memory
-#                         benchmark's models are, in smaller shapes
+#   models/*.gguf         the models testbed/gpu-check.models lists (3 families: llama, dense
+#                         with an untied output; gemma3, sliding-window attention and tied 32k
+#                         embeddings; granitehybrid, Mamba-2 layers with attention layers),
+#                         written by gen_gguf.py with a real 32k tokenizer and quantized by
+#                         llama-quantize, as the memory benchmark's models are, in smaller shapes
 #   MANIFEST              what each file is, its size and sha256
 # and checks that .gpu/ with the rest of the working tree stays under the device tool's 64 MiB.
 #
@@ -122,17 +122,26 @@ if [ -z "$quantize" ]; then
     if [ -x "$q" ]; then quantize="$q"; break; fi
   done
 fi
-# The shapes are gen_gguf.py's GPU ones (llama: dense, untied; gemma3: sliding-window layers;
-# granitehybrid: Mamba-2 layers with attention in layers 3 and 7), which tests/offload_engine.rs
-# also holds over rpc-server devices.
-vocab=llama-spm quant=Q4_K_M
-recipe_id="$(printf '%s %s gen_gguf:%s' "$vocab" "$quant" "$(sha256sum "$here/gen_gguf.py" | cut -c1-12)" | sha256sum | cut -c1-16)"
+# The models, as testbed/gpu-check.models lists them (family, vocabulary, size, type: gen_gguf.py's
+# GPU shapes), which tests/offload_engine.rs also reads and holds over rpc-server devices.
+list="$here/gpu-check.models"
+models=()
+while read -r family vocab size quant extra; do
+  case "$family" in '' | '#'*) continue ;; esac
+  [ -n "$quant" ] && [ -z "$extra" ] \
+    || fail "$list: '$family $vocab $size $quant $extra' is not 'family vocabulary size type'"
+  models+=("$family $vocab $size $quant")
+done <"$list"
+[ ${#models[@]} -gt 0 ] || fail "$list lists no model"
+recipe_id="$(printf 'gen_gguf:%s list:%s' "$(sha256sum "$here/gen_gguf.py" | cut -c1-12)" \
+  "$(sha256sum "$list" | cut -c1-12)" | sha256sum | cut -c1-16)"
 if [ "$(cat "$out/models/.recipe" 2>/dev/null)" != "$recipe_id" ]; then
   rm -f "$out"/models/*.gguf "$out/models/.recipe"
 fi
 missing=()
-for family in llama gemma3 granitehybrid; do
-  [ -f "$out/models/$family-gpu-$vocab-$quant.gguf" ] || missing+=("$family")
+for m in "${models[@]}"; do
+  read -r family vocab size quant <<<"$m"
+  [ -f "$out/models/$family-$size-$vocab-$quant.gguf" ] || missing+=("$m")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ -z "$quantize" ]; then
@@ -141,14 +150,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ -x "$quantize" ] || fail "llama-quantize not found at '$quantize'"
   scratch="$(mktemp -d)"
   trap 'rm -rf "$scratch"' EXIT
-  for family in "${missing[@]}"; do
-    f16="$scratch/$family-gpu-$vocab-f16.gguf" dst="$out/models/$family-gpu-$vocab-$quant.gguf"
-    python3 "$here/gen_gguf.py" "$scratch" --arch "$family" --size gpu --vocab "$vocab" --sdist "$sdist" \
+  for m in "${missing[@]}"; do
+    read -r family vocab size quant <<<"$m"
+    f16="$scratch/$family-$size-$vocab-f16.gguf" dst="$out/models/$family-$size-$vocab-$quant.gguf"
+    python3 "$here/gen_gguf.py" "$scratch" --arch "$family" --size "$size" --vocab "$vocab" --sdist "$sdist" \
       >/dev/null || fail "writing $family failed"
-    "$quantize" "$f16" "$dst.part" "$quant" >"$scratch/$family.quantize.log" 2>&1 \
-      || { tail -20 "$scratch/$family.quantize.log" >&2; fail "llama-quantize $family $quant failed"; }
-    mv "$dst.part" "$dst"
-    rm -f "$f16"
+    if [ "$quant" = F16 ]; then
+      mv "$f16" "$dst"
+    else
+      "$quantize" "$f16" "$dst.part" "$quant" >"$scratch/$family.quantize.log" 2>&1 \
+        || { tail -20 "$scratch/$family.quantize.log" >&2; fail "llama-quantize $family $quant failed"; }
+      mv "$dst.part" "$dst"
+      rm -f "$f16"
+    fi
     note "$(basename "$dst"): $(mib "$(stat -c %s "$dst")") MiB"
   done
   echo "$recipe_id" >"$out/models/.recipe"
@@ -157,7 +171,7 @@ fi
 # --- the manifest and the size -------------------------------------------------------------------
 {
   echo "# .gpu/ for testbed/gpu-check.sh, made by testbed/gpu-sources.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "# llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (llama.cpp b$LLAMA_CPP_BUILD); models: $vocab vocabulary, $quant; recipe $recipe_id"
+  echo "# llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (llama.cpp b$LLAMA_CPP_BUILD); models from testbed/gpu-check.models; recipe $recipe_id"
   (cd "$out" && find . -type f ! -name MANIFEST ! -name '.*' -printf '%P\n' | sort | while read -r f; do
     printf '%s %10d %s\n' "$(sha256sum "$f" | cut -c1-16)" "$(stat -c %s "$f")" "$f"
   done)

@@ -51,7 +51,7 @@ use modelserve::gguf::offload::{
 };
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot};
-use support::models::{GPU_CHECK, QUANTIZED, quantized};
+use support::models::{QUANTIZED, gpu_check, quantized};
 use support::rpc::{
     Buffers, Fitted, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
 };
@@ -437,7 +437,7 @@ struct Models {
     dir: tempfile::TempDir,
     tiny: Vec<PathBuf>,
     quantized: Vec<PathBuf>,
-    /// testbed/gpu-check.sh's hybrid model (`GPU_CHECK`), which only the H200 row's test
+    /// testbed/gpu-check.sh's hybrid model (testbed/gpu-check.models), which only the H200 row's test
     /// serves. The tables leave the three out: there their compute buffers of 5 to 15 MiB are
     /// up to 26% over the engine's in 14 rows (gemma3's full offload on one device, the 15th,
     /// is 9.02 MiB against 9.02 now), and their host parts 1.23-1.27x the peak RSS.
@@ -486,11 +486,11 @@ fn hold_models() -> Held {
             .iter()
             .map(|q| cached(&cache, &quantize, *q))
             .collect();
-        let hybrid = GPU_CHECK.iter().find(|q| q.0 == "granitehybrid");
+        let hybrid = gpu_check().into_iter().find(|q| q.0 == "granitehybrid");
         let gpu_hybrid = cached(
             &cache,
             &quantize,
-            *hybrid.expect("GPU_CHECK has the hybrid"),
+            hybrid.expect("testbed/gpu-check.models lists the hybrid"),
         );
         m.1 = Some(Box::leak(Box::new(Models {
             dir,

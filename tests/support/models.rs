@@ -329,14 +329,21 @@ pub const QUANTIZED: [(&str, &str, &str, &str); 7] = [
     ("gemma3", "gemma-4", "tiny", "Q4_K_M"),
 ];
 
-/// The models testbed/gpu-check.sh runs on a real GPU (testbed/gpu-sources.sh writes the same
-/// bytes); tests/offload_engine.rs serves the hybrid one over an rpc-server device: (family,
-/// vocabulary, size, type) as in `QUANTIZED`.
-pub const GPU_CHECK: [(&str, &str, &str, &str); 3] = [
-    ("llama", "llama-spm", "gpu", "Q4_K_M"),
-    ("gemma3", "llama-spm", "gpu", "Q4_K_M"),
-    ("granitehybrid", "llama-spm", "gpu", "Q4_K_M"),
-];
+/// The models testbed/gpu-check.sh runs on a real GPU, as testbed/gpu-check.models lists them
+/// (testbed/gpu-sources.sh writes the same bytes from the same list); tests/offload_engine.rs
+/// serves the hybrid one over an rpc-server device: (family, vocabulary, size, type) as in
+/// `QUANTIZED`, each line's four words.
+pub fn gpu_check() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+    include_str!("../../testbed/gpu-check.models")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [family, vocab, size, quant] => (family, vocab, size, quant),
+            _ => panic!("testbed/gpu-check.models: '{l}' is not 'family vocabulary size type'"),
+        })
+        .collect()
+}
 
 /// A model of `family` and `size` with the real tokenizer of the sdist's `vocab`, written by
 /// testbed/gen_gguf.py in F16 into `dir`: its path.
