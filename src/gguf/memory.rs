@@ -31,6 +31,7 @@ use super::support::ggml_type;
 use crate::units::human_bytes;
 use arch::{HYBRID_BY_INTERVAL, HYBRID_BY_KV0, NO_KV, RECURRENT, SCALED_EMBEDDINGS, swa_defaults};
 use basis::{engine_basis, repack_basis};
+pub(crate) use latent::traced_ids;
 pub(crate) use ssm::Scan;
 use ssm::{recurrent_state, scan};
 

@@ -24,8 +24,13 @@ impl Phases {
     /// The traced phase for `tokens` tokens, with the graph's ids beside it: the tokens', their
     /// positions' and the cache rows' (16 bytes a token) and the outputs' (an aligned slot).
     pub(super) fn traced_bytes(&self, tokens: u128) -> u128 {
-        tokens * (4 * self.traced + 16) + 32
+        4 * tokens * self.traced + traced_ids(tokens)
     }
+}
+
+/// The graph's ids in the traced phase (`Phases::traced_bytes`) for `tokens` tokens.
+pub(crate) fn traced_ids(tokens: u128) -> u128 {
+    16 * tokens + 32
 }
 
 pub(super) fn phases(hp: &Hp<'_>, n_embd: u128, n_head: u128, head_k: u128) -> Phases {

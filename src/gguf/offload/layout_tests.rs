@@ -99,9 +99,11 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
         p.activations + p.masks + inputs(&p, 1)
     );
     // A pipeline keeps its input copies: block 3's attention after block 2's MoE on the second
-    // device stacks the fitted rows above them; the first, whose attention follows no MoE
-    // block, counts the block less the input, as before.
+    // device stacks the fitted rows above them; above all four copies of the first, whose
+    // attention follows no MoE block, block 0's output under block 1's norm and, per head,
+    // the roped query, the query, the absorbed query and the joined one (46.02 MiB logged).
     let (r, m) = (p.residual, p.masks);
+    let query = 512 * 4 * (N_EMBD + 8 * (64 + 192 + 512 + 576));
     let pipeline = place_on(&h, &f, 5, &[1.0, 3.0], Backend::RPC).unwrap();
     assert_eq!(pipeline.devices[1].layers, 2..4);
     assert_eq!(
@@ -111,8 +113,34 @@ fn latent_attention_after_one_moe_block_at_most_peaks_as_traced() {
     assert_eq!(pipeline.devices[0].layers, 0..2);
     assert_eq!(
         pipeline.devices[0].compute,
-        3 * r + 4 * m + 4 * inputs(&p, 1) + p.activations - r
+        4 * r + 4 * m + 4 * inputs(&p, 1) + r + query
     );
+    // At 1:1 the second device runs block 3 alone: the same rows right above its copies, no
+    // MoE block's before them (44.52 logged; memory's fitted rows had 48.52).
+    let even = place_on(&h, &f, 5, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(
+        (even.devices[1].layers.clone(), even.devices[1].output),
+        (3..4, true)
+    );
+    assert_eq!(
+        even.devices[1].compute,
+        4 * r + 4 * m + 4 * inputs(&p, 1) + query
+    );
+    assert!(even.devices[1].compute < pipeline.devices[1].compute);
+}
+
+#[test]
+fn a_pipeline_device_with_the_output_layer_alone_copies_in_the_output_rows_not_the_residual() {
+    let (h, f) = (deepseek2().header(), flags(8192, 2));
+    let p = parts(&h, &f);
+    // The blocks split over two devices, the third gets the output layer alone (1.01 MiB
+    // logged with deepseek2-bench): four copies of the gathered output rows, the output norm
+    // and the logits; four residual copies had made it 6.99.
+    let three = place_on(&h, &f, 5, &[1.0, 1.0, 1.0], Backend::RPC).unwrap();
+    let last = &three.devices[2];
+    assert!(last.layers.is_empty() && last.output);
+    assert_eq!(last.compute, p.logits + 5 * p.out_rows);
+    assert!(last.compute < 4 * p.residual);
 }
 
 #[test]

@@ -394,6 +394,8 @@ impl Model {
                 u128::from(p.latent_rows)
             } else if self.latent_fragmented(&s.layers) {
                 u128::from(p.activations)
+            } else if let Some(rows) = self.pipeline_latent(&s.layers, pipeline) {
+                rows
             } else {
                 block
             };
@@ -446,15 +448,20 @@ impl Model {
                 // 1:3: 17.54 MiB logged, one row less counted; gemma's scaled rows had stood in
                 // for it); a scan's or latent attention's fitted rows hold one of them, but for
                 // the chain of a model without attention (`Model::scan_above_every_copy`) and
-                // the latent attention after two MoE blocks (`Model::latent_fragmented`).
+                // latent attention whose rows are counted above the copies (after two MoE
+                // blocks, `Model::latent_fragmented`; else `Model::pipeline_latent`).
                 let fitted = (self.any_recurrent() && !self.scan_above_every_copy(&s.layers))
-                    || (p.latent_compute > 0 && !self.latent_fragmented(&s.layers));
-                let rows = if first(s) && fitted {
-                    copies - 1
-                } else {
-                    copies
+                    || (p.latent_compute > 0
+                        && !self.latent_fragmented(&s.layers)
+                        && self.pipeline_latent(&s.layers, pipeline).is_none());
+                // A device with the output layer alone copies in the gathered output rows, the
+                // output phase's own input row one of them (deepseek2-bench, 1:1:1: 1.01 MiB).
+                let (rows, input) = match (blocks, first(s) && fitted) {
+                    (false, _) => (copies - 1, u128::from(p.out_rows)),
+                    (true, true) => (copies - 1, residual),
+                    (true, false) => (copies, residual),
                 };
-                c += rows * residual + copies * m + boundary.get(d).copied().unwrap_or(0);
+                c += rows * input + copies * m + boundary.get(d).copied().unwrap_or(0);
             }
             let mut reads = masks.get(d).copied().unwrap_or_default();
             if d == 0 && op_offload {

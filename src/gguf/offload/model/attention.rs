@@ -18,7 +18,7 @@ use super::{DeviceShare, HostShare, Model, OP_OFFLOAD_MIN_BATCH, clamp};
 use crate::gguf::bounds::{EMBEDDING, HEAD_COUNT, HEAD_COUNT_KV, KEY_LENGTH, VALUE_LENGTH};
 use crate::gguf::header::{Header, Value};
 use crate::gguf::hparams::Hp;
-use crate::gguf::memory::{Mask, Parts};
+use crate::gguf::memory::{Mask, Parts, traced_ids};
 
 /// The rows alive at the attention's peak in the model's last block, for `tokens` tokens
 /// (traced, b11312): the graph gathers the output rows (`inp_out_ids`) before that block's FFN,
@@ -407,6 +407,26 @@ impl Model {
         let p = &self.parts;
         let first = (u64::from(layers.start) + 1).max(p.dense_lead + 2);
         p.latent_compute > 0 && p.moe_tail > 0 && first < u64::from(layers.end)
+    }
+
+    /// The rows above a pipeline device's input copies, masks and small inputs where its latent
+    /// attention runs after one MoE block of its own at most (`Model::latent_unfragmented`,
+    /// not `Model::latent_fragmented`): the traced rows without the embeddings input and its
+    /// gathered copy, whose place the split's copies take, and with the input row of a block
+    /// after the device's first, which the attention's norm reads. deepseek2-bench over
+    /// rpc-server devices at 1:1 (alloc traces, b11312): the second device, block 3 alone, its
+    /// norm, roped query, a hole the query leaves, the absorbed query and Qcur, 22.5 MiB above
+    /// its copies (44.52 logged, 48.52 counted with memory's fitted rows); the first, blocks 0
+    /// to 2, block 0's output under block 1's same rows, 24.0 above all four copies (46.02
+    /// logged, 47.02 counted with three). None outside a pipeline or for other layers.
+    pub(super) fn pipeline_latent(&self, layers: &Range<u32>, pipeline: bool) -> Option<u128> {
+        if !pipeline || !self.latent_unfragmented(layers) || self.latent_fragmented(layers) {
+            return None;
+        }
+        let residual = u128::from(self.parts.residual);
+        let ids = traced_ids(u128::from(self.ubatch));
+        let rows = u128::from(self.parts.latent_rows).saturating_sub(ids + 2 * residual);
+        Some(rows + if layers.len() > 1 { residual } else { 0 })
     }
 
     /// What a model that scales its embeddings (`memory::Parts::scaled`) keeps above the masks
