@@ -29,6 +29,8 @@
 
 mod fit;
 #[cfg(test)]
+mod hostile_tests;
+#[cfg(test)]
 mod inputs_tests;
 #[cfg(test)]
 mod layout_tests;
