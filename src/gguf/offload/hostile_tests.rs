@@ -31,9 +31,9 @@ fn edges(v: &Value) -> Vec<Value> {
     }
 }
 
-/// The header `h` with a metadata key set to a value, or a tensor's (by index) first dimension
-/// and type set to a shape, written and parsed again as the operator reads a file: `None` where the
-/// parser refuses it (its bounds are its own tests').
+/// The header `h` with a metadata key set to a value, or a tensor's (by index) first
+/// dimension and type set to a shape, written and parsed again as the operator reads a file:
+/// `None` where the parser refuses it (its bounds are its own tests').
 fn with(
     h: &Header,
     metadata: Option<(&str, &Value)>,
