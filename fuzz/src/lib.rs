@@ -3,8 +3,8 @@
 //! Any bytes, whole or cut short, must give a header or an error: never a panic, never an
 //! allocation the input asked for. A header that parses goes on through the support check and
 //! the estimate, with settings taken from the input's last bytes (past what the header reads),
-//! and the checked and unchecked paths must agree; then through the GPU placement on one and
-//! two GPUs (CUDA's rules and RPC's) and the fit.
+//! and the checked and unchecked paths must agree; then through the GPU placement on none, one
+//! and two GPUs (CUDA's rules and RPC's) and the fit.
 
 use modelserve::gguf::bounds::MAX_ESTIMATE;
 use modelserve::gguf::header::parse;
@@ -96,7 +96,7 @@ pub fn check(data: &[u8]) {
     gpus(&header, &flags, ngl, e.compute);
 }
 
-/// The placement at `ngl` on one GPU and on two split 1:3 under CUDA's and RPC's rules, and the
+/// The placement at `ngl` on no GPU, one, and two split 1:3 under CUDA's and RPC's rules, and the
 /// fit on two GPUs of 24 and 16 GiB: a placement has a share per GPU, without GPUs the host's
 /// compute is the estimate's (`compute`), and a decision has its message.
 fn gpus(header: &modelserve::gguf::header::Header, flags: &Flags, ngl: u32, compute: u64) {
