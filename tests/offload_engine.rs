@@ -437,10 +437,10 @@ struct Models {
     dir: tempfile::TempDir,
     tiny: Vec<PathBuf>,
     quantized: Vec<PathBuf>,
-    /// testbed/gpu-check.sh's hybrid model (testbed/gpu-check.models), which only the H200 row's test
-    /// serves. The tables leave the three out: there their compute buffers of 5 to 15 MiB are
-    /// up to 26% over the engine's in 14 rows (gemma3's full offload on one device, the 15th,
-    /// is 9.02 MiB against 9.02 now), and their host parts 1.23-1.27x the peak RSS.
+    /// testbed/gpu-check.sh's hybrid model (testbed/gpu-check.models), which only the H200
+    /// row's test serves. The tables leave the three out: there their compute buffers of 5 to
+    /// 15 MiB are up to 26% over the engine's in 14 rows (gemma3's full offload on one device,
+    /// the 15th, is 9.02 MiB against 9.02 now), and their host parts 1.23-1.27x the peak RSS.
     gpu_hybrid: PathBuf,
 }
 

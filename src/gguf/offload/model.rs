@@ -383,6 +383,7 @@ impl Model {
             let masks_freed = if pipeline { 0 } else { m };
             // The traced latent rows hold the graph's small inputs already.
             let mut inputs_counted = false;
+            let piped = self.pipeline_latent(&s.layers, pipeline);
             // The model's last block alone: its FFN runs on the output rows only
             // (`inp_out_ids`), so the attention sets the peak.
             let phase = if self.last_only(&s.layers) {
@@ -394,7 +395,7 @@ impl Model {
                 u128::from(p.latent_rows)
             } else if self.latent_fragmented(&s.layers) {
                 u128::from(p.activations)
-            } else if let Some(rows) = self.pipeline_latent(&s.layers, pipeline) {
+            } else if let Some(rows) = piped {
                 rows
             } else {
                 block
@@ -453,7 +454,7 @@ impl Model {
                 let fitted = (self.any_recurrent() && !self.scan_above_every_copy(&s.layers))
                     || (p.latent_compute > 0
                         && !self.latent_fragmented(&s.layers)
-                        && self.pipeline_latent(&s.layers, pipeline).is_none());
+                        && piped.is_none());
                 // A device with the output layer alone copies in the gathered output rows, the
                 // output phase's own input row one of them (deepseek2-bench, 1:1:1: 1.01 MiB).
                 let (rows, input) = match (blocks, first(s) && fitted) {
