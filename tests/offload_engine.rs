@@ -84,27 +84,13 @@ const OVER_TINY: f64 = 1.55;
 /// fails: (model file prefix, setting, where, most, what is not modelled). Under-estimates are
 /// the ones that would matter (a device's share is then short by that much of its headroom, a
 /// pod's memory by that much of the host part): none are left.
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 23] = [
     (
         "llama-tiny-f16",
         "op offload, all host",
         "dev0",
         0.12,
         VALUE_OVER,
-    ),
-    (
-        "mamba2-tiny-f16",
-        "op offload, all host",
-        "host",
-        0.40,
-        HYBRID_HOST,
-    ),
-    (
-        "mamba2-tiny-f16",
-        "op offload, partial",
-        "host",
-        0.40,
-        HYBRID_HOST,
     ),
     (
         "granitehybrid-tiny-f16",
@@ -115,24 +101,10 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
     ),
     (
         "granitehybrid-tiny-f16",
-        "op offload, all host",
-        "host",
-        0.12,
-        HYBRID_HOST,
-    ),
-    (
-        "granitehybrid-tiny-f16",
         "op offload, partial",
         "dev0",
         0.30,
         HYBRID_DEV,
-    ),
-    (
-        "granitehybrid-tiny-f16",
-        "op offload, partial",
-        "host",
-        0.12,
-        HYBRID_HOST,
     ),
     (
         "phi3-tiny-f16",
@@ -177,39 +149,11 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         HYBRID_DEV,
     ),
     (
-        "granitehybrid-bench-llama-bpe-Q4_0",
-        "op offload, all host",
-        "host",
-        0.34,
-        HYBRID_HOST,
-    ),
-    (
-        "granitehybrid-bench-llama-bpe-Q4_0",
-        "op offload, partial",
-        "host",
-        0.29,
-        HYBRID_HOST,
-    ),
-    (
         "mamba2-bench-gpt-neox-IQ4_XS",
         "op offload, all host",
         "dev0",
         0.09,
         SCAN_OVER,
-    ),
-    (
-        "mamba2-bench-gpt-neox-IQ4_XS",
-        "op offload, all host",
-        "host",
-        0.42,
-        HYBRID_HOST,
-    ),
-    (
-        "mamba2-bench-gpt-neox-IQ4_XS",
-        "op offload, partial",
-        "host",
-        0.42,
-        HYBRID_HOST,
     ),
     (
         "gemma3-tiny-f16",
@@ -219,25 +163,11 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         COPIES_OVER,
     ),
     (
-        "mamba2-tiny-f16",
-        "op offload, 2 dev 1:2",
-        "host",
-        0.40,
-        HYBRID_HOST,
-    ),
-    (
         "granitehybrid-tiny-f16",
         "op offload, 2 dev 1:2",
         "dev0",
         0.30,
         HYBRID_DEV,
-    ),
-    (
-        "granitehybrid-tiny-f16",
-        "op offload, 2 dev 1:2",
-        "host",
-        0.12,
-        HYBRID_HOST,
     ),
     (
         "phi3-bench-phi-3-F16",
@@ -261,25 +191,11 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         LAST_LATENT_OVER,
     ),
     (
-        "granitehybrid-bench-llama-bpe-Q4_0",
-        "op offload, 2 dev 1:2",
-        "host",
-        0.29,
-        HYBRID_HOST,
-    ),
-    (
         "mamba2-bench-gpt-neox-IQ4_XS",
         "op offload, 2 dev 1:2",
         "dev0",
         0.09,
         SCAN_OVER,
-    ),
-    (
-        "mamba2-bench-gpt-neox-IQ4_XS",
-        "op offload, 2 dev 1:2",
-        "host",
-        0.42,
-        HYBRID_HOST,
     ),
     (
         "gemma3-tiny-gemma-4-Q4_K_M",
@@ -294,20 +210,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         "dev0",
         0.11,
         COPIES_OVER,
-    ),
-    (
-        "mamba2-tiny-f16",
-        "op offload, 1 host 2:1",
-        "host",
-        0.40,
-        HYBRID_HOST,
-    ),
-    (
-        "granitehybrid-tiny-f16",
-        "op offload, 1 host 2:1",
-        "host",
-        0.12,
-        HYBRID_HOST,
     ),
     (
         "phi3-bench-phi-3-F16",
@@ -338,20 +240,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 39] = [
         MASK_OVER,
     ),
     (
-        "granitehybrid-bench-llama-bpe-Q4_0",
-        "op offload, 1 host 2:1",
-        "host",
-        0.34,
-        HYBRID_HOST,
-    ),
-    (
-        "mamba2-bench-gpt-neox-IQ4_XS",
-        "op offload, 1 host 2:1",
-        "host",
-        0.42,
-        HYBRID_HOST,
-    ),
-    (
         "gemma3-bench-gemma-4-Q4_K_M",
         "op offload, 1 host 2:1",
         "dev0",
@@ -380,8 +268,6 @@ const LATENT_OVER: &str = "over: the keys' copy of a host layer's latent cache f
      cells; within 5% at 32768)";
 const HYBRID_DEV: &str = "over: the hybrid's host attention ran on the CPU, not here; the bound \
      counts its copies here";
-const HYBRID_HOST: &str = "over: a hybrid model's host is counted at the CPU's own compute \
-     figure, a bound on the prompt-wide rows it keeps";
 const SCAN_OVER: &str = "over: the host's recurrent layers' prompt here, at memory's fitted scan \
      phase";
 const LAST_LATENT_OVER: &str = "over: a device with the last latent-attention block alone is \

@@ -89,10 +89,23 @@ pub(crate) struct Scan {
     /// b11312: mamba2-tiny's output 0.27 MiB in the 0.32 place, its 0.25 gate on top;
     /// mamba2-bench's 4.5 output on top, its 3.0 gate in the 3.54 place).
     pub gate_spills: bool,
+    /// Under op offload, a host's peak where it runs mamba2 layers (the GPU runs their matrix
+    /// multiplies and convolution): above the graph's inputs, the scan's inputs copied back from
+    /// the GPU (x, the time steps, B and C; each view of the convolution's output copied with
+    /// its strides, so spanning all but one token's row of it) and the scan's output (alloc
+    /// traces over an rpc-server device given CUDA's offload rule, b11312: mamba2-bench 3.50,
+    /// 0.05, 3.49, 3.49 and 4.50 MiB above its embeddings, the host at 16.54 MiB wherever its
+    /// blocks end; granitehybrid-bench the same above the full mask, 20.54).
+    pub host_scan: u128,
 }
 
 /// ggml's `TENSOR_ALIGNMENT`: the allocator rounds each tensor up to it.
 const TENSOR_ALIGNMENT: u128 = 32;
+
+/// `bytes` as the allocator places them, rounded up to `TENSOR_ALIGNMENT`.
+fn aligned(bytes: u128) -> u128 {
+    bytes.div_ceil(TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+}
 
 impl Scan {
     /// The peak of a device (the host, in a partial offload) whose only block is such a layer
@@ -103,6 +116,14 @@ impl Scan {
     pub(crate) fn handing_over(&self, residual: u128, tokens: u128) -> u128 {
         let ids = 4 * tokens + 2 * TENSOR_ALIGNMENT;
         ids + 3 * residual + self.state_rows + self.chain
+    }
+
+    /// The host's peak where it runs the scans of a prompt under op offload (`host_scan`),
+    /// above `inputs`, the graph's inputs that stay (the token ids, the embeddings input, the
+    /// masks and the small inputs), and the state copy's and outputs' ids in their aligned
+    /// slots.
+    pub(crate) fn prompt_on_host(&self, inputs: u128) -> u128 {
+        inputs + 2 * TENSOR_ALIGNMENT + self.host_scan
     }
 }
 
@@ -126,6 +147,10 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
     let opens = OPENS_WITH_STATE.contains(&hp.arch);
     let gate = d_inner * tokens * 4;
     let rows = xbc * d_conv.saturating_sub(1) * seqs * 4;
+    // A view of `per_token` elements at each of the convolution output's rows, with its strides.
+    let spanning = |per_token: u128| aligned((tokens.saturating_sub(1) * xbc + per_token) * 4);
+    let time_steps = aligned(u(&SSM_DT_RANK) * tokens * 4);
+    let host_scan = spanning(d_inner) + time_steps + 2 * spanning(n_group * d_state) + aligned(y);
     // The convolution input's place, less the output where that went there.
     let gate_spills = gate > conv_in - (y - above);
     let follow = if FFN_AFTER_SCAN.contains(&hp.arch) && y <= conv_in {
@@ -141,5 +166,6 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
         alone: hp.arch == "mamba2",
         follow,
         gate_spills: opens && gate_spills,
+        host_scan,
     }
 }

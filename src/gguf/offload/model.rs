@@ -340,8 +340,8 @@ impl Model {
     ///   (`Model::offloaded_attention`);
     ///   the host runs only the token-by-token graph of its layers, keeping the key and value
     ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
-    ///   with recurrent layers (`Model::host_runs_prompts`). llama.cpp's RPC devices given CUDA's
-    ///   offload rule (testbed/rpc-offload.py) logged every CUDA0 and host compute buffer of
+    ///   with recurrent layers, whose scans it runs (`Model::host_prompt`). RPC devices given
+    ///   CUDA's offload rule (testbed/rpc-offload.py) logged every CUDA0 and host compute buffer of
     ///   testbed/gpu-check.sh's H200 runs exactly; these were traced on them, and
     ///   tests/offload_engine.rs holds the placement to them.
     ///
@@ -516,7 +516,7 @@ impl Model {
                 c += u128::from(p.estimate.engine.output);
             }
             if self.host_runs_prompts(host) {
-                c = c.max(u128::from(p.estimate.compute));
+                c = c.max(self.host_prompt(host, inputs));
             }
             clamp(c)
         };

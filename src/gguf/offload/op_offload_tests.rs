@@ -48,13 +48,32 @@ fn under_op_offload_the_gpu_copies_in_a_host_layers_kv_cache_and_mask_for_its_at
 }
 
 #[test]
-fn under_op_offload_a_hybrid_models_host_runs_its_layers_prompt() {
+fn under_op_offload_a_hybrid_models_host_keeps_its_scans_rows_not_the_cpus_prompt() {
     let h = hybrid().header();
     let f = flags(4096, 2);
-    // Two recurrent blocks on the host, the attention block and the output on the GPU.
-    let p = place(&h, &f, 3, &[1.0]).unwrap();
-    assert_eq!(p.host.layers, 0..2);
-    assert_eq!(p.host.compute, estimate(&h, &f).compute);
+    let parts = crate::gguf::memory::parts(&h, &f);
+    // Two recurrent blocks on the host, the attention block and the output on the GPU; then
+    // one.
+    let two = place(&h, &f, 3, &[1.0]).unwrap();
+    let one = place(&h, &f, 4, &[1.0]).unwrap();
+    assert_eq!(
+        (two.host.layers.clone(), one.host.layers.clone()),
+        (0..2, 0..1)
+    );
+    // The GPU runs the blocks' matrix multiplies and convolutions, the host their scans: x, B
+    // and C copied back, each spanning all but one token's row of the convolution's output
+    // (2048 + 2 x 128 values a token), and the scan's output (a ubatch's 2048 values and each
+    // slot's 128 x 2048 state), above the embeddings input and the mask.
+    let (tokens, row) = (512u64, 2048 + 2 * 128);
+    let spanning = |first: u64| ((tokens - 1) * row + first) * 4;
+    let scan = spanning(2048) + 2 * spanning(128) + (2048 * tokens + 128 * 2048 * 2) * 4;
+    let below = parts.residual + parts.masks + scan;
+    for p in [&two, &one] {
+        // The rest: the token ids, positions and cache indices, a few KiB.
+        let ids = p.host.compute - below;
+        assert!(ids < 16 * 1024, "{ids} bytes of ids");
+    }
+    assert!(two.host.compute < estimate(&h, &f).compute);
     // The attention-only llama's host keeps only the token-by-token graph.
     let llama = Model::llama(4, 16 * MIB).header();
     let q = place(&llama, &f, 3, &[1.0]).unwrap();

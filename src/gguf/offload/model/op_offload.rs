@@ -134,9 +134,34 @@ impl Model {
     /// the CPU, its attention's among them (granitehybrid over RPC devices given CUDA's
     /// offload rule, which matched CUDA0 on an H200: the host's compute 5.5 MiB above the
     /// token-by-token graph from 4096 to 16384 cells, whether the host's layers attend or
-    /// not). The CPU's own compute figure, a layer's prompt, bounds it.
+    /// not). `Model::host_prompt` says what it holds.
     pub(super) fn host_runs_prompts(&self, host: &HostShare) -> bool {
         self.any_recurrent() && !host.layers.is_empty()
+    }
+
+    /// Under op offload, the host's peak where it runs its layers' prompt
+    /// (`Model::host_runs_prompts`), above `inputs` (the graph's, with the rows gathered from
+    /// `token_embd`). With mamba2 layers the GPU still runs their matrix multiplies and
+    /// convolution: the host holds the embeddings input, not the gathered rows, and the scan's
+    /// rows (`memory::Scan::prompt_on_host`), or where it attends before its last layer (whose
+    /// attention the GPU runs), the query copied in and the attention's output on the CPU, if
+    /// more. Other recurrent layers keep the CPU's own compute figure, a layer's prompt.
+    pub(super) fn host_prompt(&self, host: &HostShare, inputs: u128) -> u128 {
+        let p = &self.parts;
+        if p.scan.host_scan == 0 {
+            return u128::from(p.estimate.compute);
+        }
+        let below = inputs.saturating_sub(u128::from(p.residual));
+        let before_last = host.layers.start..host.layers.end.saturating_sub(1);
+        let attention = if before_last
+            .clone()
+            .any(|il| self.mask_of(il as usize).is_some())
+        {
+            below + 2 * u128::from(p.query)
+        } else {
+            0
+        };
+        p.scan.prompt_on_host(below).max(attention)
     }
 }
 
