@@ -14,7 +14,6 @@ use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
 use attention::{Unfused, attention_rows};
-use op_offload::first_gpu_masks;
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -468,7 +467,7 @@ impl Model {
             if d == 0 && op_offload {
                 // The host blocks' FFN with the weight copied in, or their attention with its
                 // copies (which holds what weights it keeps).
-                reads = first_gpu_masks(masks);
+                reads = self.first_gpu_masks(masks, host);
                 c = c
                     .max(block + mask(reads) + u128::from(p.scaled) + u128::from(largest))
                     .max(self.offloaded_attention(host, largest));

@@ -213,3 +213,18 @@ fn under_op_offload_the_gpu_running_the_hosts_unfused_attention_keeps_the_blocks
     let attention = row + p.kv[1] + scores + p.kv[1] / 2 + 2 * row + 2 * p.mask_full;
     assert_eq!(cuda.devices[0].compute, attention + row);
 }
+
+#[test]
+fn a_hybrid_hosts_attention_runs_on_the_cpu_but_for_its_last_layers() {
+    let h = granite(&[0, 0, 2, 0]).header();
+    // A context whose mask outweighs a block's rows.
+    let f = flags(262_144, 2);
+    let mask = crate::gguf::memory::parts(&h, &f).mask_full;
+    let first_gpu = |ngl| place(&h, &f, ngl, &[1.0]).unwrap().devices[0].compute;
+    // Every block on the host, the last one recurrent: block 2's attention runs on the CPU, and
+    // the GPU copies in no mask.
+    let cpu = first_gpu(1);
+    assert!(cpu < mask, "{cpu} bytes, the mask {mask}");
+    // Block 2 the host's last: the GPU runs its attention, the mask copied in.
+    assert!(first_gpu(2) > mask);
+}

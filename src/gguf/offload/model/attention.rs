@@ -348,7 +348,7 @@ impl Model {
                 // bench, -ngl 5: `ffn_out-2` below the query, the K and V copies and the mask;
                 // 124.34 MiB logged, 120.50 without it).
                 let input = u128::from(p.residual);
-                c = c.max(input + u.borrowed(both(super::op_offload::first_gpu_masks(masks))));
+                c = c.max(input + u.borrowed(both(self.first_gpu_masks(masks, host))));
             }
             s.compute = clamp(c);
         }

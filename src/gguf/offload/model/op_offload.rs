@@ -165,21 +165,35 @@ impl Model {
     }
 }
 
-/// Under op offload, the masks (full, window) the first GPU holds, of `masks` (each GPU's, then the
-/// host's, as `Model::shares_as` collects them): those its own layers read, and those the host's
-/// layers read, copied in with their attention. A mask that neither reads goes straight to the GPU
-/// whose layers read it (a split's inputs go where it runs: GGML_SCHED_DEBUG's split inputs). The
-/// tiny gemma3 model over two rpc-server devices given CUDA's offload rule, window-attention layers
-/// on the host: the first device held 1.76 MiB with none on it (`-ngl 2 -ts 0,2`; estimate 2.03,
-/// the KV copies and the attention's output fitting in holes) and 2.01 MiB with window-attention
-/// layers 1-4 (`-ngl 6 -ts 4,2`; estimate 1.94, its first layer's FFN rows above the mask), where
-/// all the masks counted 5.88; once it held the global layer, 5.76 MiB as on one device. Without
-/// flash attention, 8.51 MiB against 41.01 on one device.
-pub(super) fn first_gpu_masks(masks: &[(bool, bool)]) -> (bool, bool) {
-    let (own, host) = (masks.first(), masks.last());
-    let (a, b) = (
-        own.copied().unwrap_or_default(),
-        host.copied().unwrap_or_default(),
-    );
-    (a.0 || b.0, a.1 || b.1)
+impl Model {
+    /// Under op offload, the masks (full, window) the first GPU holds, of `masks` (each GPU's,
+    /// then the host's, as `Model::shares_as` collects them): those its own layers read, and
+    /// those the host's layers read, copied in with their attention. A mask that neither reads
+    /// goes straight to the GPU whose layers read it (a split's inputs go where it runs:
+    /// GGML_SCHED_DEBUG's split inputs). The tiny gemma3 model over two rpc-server devices given
+    /// CUDA's offload rule, window-attention layers on the host: the first device held 1.76 MiB
+    /// with none on it (`-ngl 2 -ts 0,2`; estimate 2.03, the KV copies and the attention's
+    /// output fitting in holes) and 2.01 MiB with window-attention layers 1-4 (`-ngl 6 -ts
+    /// 4,2`; estimate 1.94, its first layer's FFN rows above the mask), where all the masks
+    /// counted 5.88; once it held the global layer, 5.76 MiB as on one device. Without flash
+    /// attention, 8.51 MiB against 41.01 on one device.
+    ///
+    /// A hybrid model's host runs its attention on the CPU but for its last layer's
+    /// (`Model::host_runs_prompts`), so only that layer's mask comes here: granitehybrid-tiny,
+    /// every block on the host, the last one recurrent, held its scans' rows alone, 1.74 MiB
+    /// (alloc trace; the full mask counted 5.76).
+    pub(super) fn first_gpu_masks(&self, masks: &[(bool, bool)], host: &HostShare) -> (bool, bool) {
+        let own = masks.first().copied().unwrap_or_default();
+        let read = if self.host_runs_prompts(host) {
+            let last = host.layers.end.checked_sub(1);
+            match last.and_then(|il| self.parts.mask_layers.get(il as usize)) {
+                Some(Mask::Full) => (true, false),
+                Some(Mask::Window) => (false, true),
+                _ => (false, false),
+            }
+        } else {
+            masks.last().copied().unwrap_or_default()
+        };
+        (own.0 || read.0, own.1 || read.1)
+    }
 }
