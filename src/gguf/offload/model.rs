@@ -280,7 +280,7 @@ impl Model {
         let fa_off = unfused && self.flash_attention_off(&host);
         self.compute(&mut devices, &masks, &mut host, full, host_largest, fa_off);
         if fa_off {
-            self.unfused_compute(&mut devices, &masks, &mut host);
+            self.unfused_compute(&mut devices, &masks, &mut host, host_largest);
         }
         for s in &mut devices {
             s.total = [s.weights, s.kv, s.recurrent, s.compute]

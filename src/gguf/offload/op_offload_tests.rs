@@ -207,11 +207,21 @@ fn under_op_offload_the_gpu_running_the_hosts_unfused_attention_keeps_the_blocks
     // The first GPU runs host block 1's attention on the query, the K and V cache copied in,
     // a score matrix (f32: a stream's 4096 cells by the ubatch by 8 heads), the values made
     // contiguous, the output (two rows), the f32 mask; and, as it ran block 0 too, the block's
-    // input, kept for the residual add.
+    // input, kept for the residual add, above what block 0's FFN left there: its gate rows,
+    // its input and its down projection's weight copied in (counted at the largest host
+    // weight).
     let row = N_EMBD * 512 * 4;
     let scores = 4096 * 512 * 8 * 4;
     let attention = row + p.kv[1] + scores + p.kv[1] / 2 + 2 * row + 2 * p.mask_full;
-    assert_eq!(cuda.devices[0].compute, attention + row);
+    let largest = h
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.0.") || t.name.starts_with("blk.1."))
+        .filter_map(crate::gguf::memory::tensor_bytes)
+        .max()
+        .unwrap();
+    let ffn_before = p.gate + row + largest;
+    assert_eq!(cuda.devices[0].compute, ffn_before + row + attention);
 }
 
 #[test]

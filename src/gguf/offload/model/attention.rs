@@ -309,12 +309,13 @@ impl Model {
     /// device after the host runs the host's last attention on copies of its inputs (so does
     /// the first GPU under op offload, which takes the host's prompt work, beside the block's
     /// input); the host keeps the masks' inputs, and the scores where it runs attention
-    /// besides its last block.
+    /// besides its last block. `largest` is the largest host weight a GPU copies in.
     pub(super) fn unfused_compute(
         &self,
         devices: &mut [DeviceShare],
         masks: &[(bool, bool)],
         host: &mut HostShare,
+        largest: u64,
     ) {
         let (Some(u), Some(last)) = (self.unfused, host.layers.end.checked_sub(1)) else {
             return;
@@ -344,10 +345,19 @@ impl Model {
             }
             if d == 0 && op_offload {
                 // It runs the host's layers too, so the block's input, kept for the residual
-                // add after the attention, is its own row here, not the host's (granitehybrid-
-                // bench, -ngl 5: `ffn_out-2` below the query, the K and V copies and the mask;
-                // 124.34 MiB logged, 120.50 without it).
-                let input = u128::from(p.residual);
+                // add after the attention, is its own row here, not the host's, above the rows
+                // the block before left where its FFN ran here too: its gate rows, its input,
+                // and its down projection's weight copied in with a hole, counted at the
+                // largest host weight (granitehybrid-bench, -ngl 5: `ffn_out-2` at 6.84 MiB,
+                // above 4.0 of gate rows, 1.5 of input, the 0.84 weight and a 0.5 hole, then
+                // the K and V copies, the mask and the scores; 124.34 MiB logged, 122.00
+                // counted without those rows, 128.88 with them, the largest weight 1.38).
+                let before = if host.layers.len() > 1 {
+                    u128::from(largest) + u128::from(p.gate) + u128::from(p.residual)
+                } else {
+                    0
+                };
+                let input = before + u128::from(p.residual);
                 c = c.max(input + u.borrowed(both(self.first_gpu_masks(masks, host))));
             }
             s.compute = clamp(c);
