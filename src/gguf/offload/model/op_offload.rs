@@ -145,10 +145,11 @@ impl Model {
     /// convolution: the host holds the embeddings input, not the gathered rows, and the scan's
     /// rows (`memory::Scan::prompt_on_host`), or where it attends before its last layer (whose
     /// attention the GPU runs), the query copied in and the attention's output on the CPU, if
-    /// more. Other recurrent layers keep the CPU's own compute figure, a layer's prompt.
+    /// more (a bound the traced hosts' scans exceed). Other recurrent layers, and a host
+    /// without a mamba2 layer, keep the CPU's own compute figure, a layer's prompt.
     pub(super) fn host_prompt(&self, host: &HostShare, inputs: u128) -> u128 {
         let p = &self.parts;
-        if p.scan.host_scan == 0 {
+        if p.scan.host_scan == 0 || !self.runs_scan(&host.layers) {
             return u128::from(p.estimate.compute);
         }
         let below = inputs.saturating_sub(u128::from(p.residual));
@@ -163,9 +164,7 @@ impl Model {
         };
         p.scan.prompt_on_host(below).max(attention)
     }
-}
 
-impl Model {
     /// Under op offload, the masks (full, window) the first GPU holds, of `masks` (each GPU's,
     /// then the host's, as `Model::shares_as` collects them): those its own layers read, and
     /// those the host's layers read, copied in with their attention. A mask that neither reads
