@@ -12,7 +12,7 @@ mod scan;
 use super::{Backend, DeviceShare, HostShare, Placement};
 use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
-use crate::gguf::memory::{self, Flags, Mask, Parts, repack};
+use crate::gguf::memory::{self, Flags, Parts, repack};
 use attention::{Unfused, attention_rows};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
@@ -236,11 +236,8 @@ impl Model {
             );
             let gpu = self.device_of(il, ngl, cumulative).filter(|d| *d < gpus);
             let reads = &mut masks[gpu.unwrap_or(gpus)];
-            match self.parts.mask_layers.get(i) {
-                Some(Mask::Full) => reads.0 = true,
-                Some(Mask::Window) => reads.1 = true,
-                _ => {}
-            }
+            let (full, window) = op_offload::reads(self.parts.mask_layers.get(i));
+            (reads.0, reads.1) = (reads.0 || full, reads.1 || window);
             match gpu.and_then(|d| devices.get_mut(d)) {
                 Some(s) => {
                     s.layers = extend(&s.layers, il);

@@ -475,7 +475,7 @@ impl Model {
         u128::from(p.positions) + caches * u128::from(p.cache_indices)
     }
 
-    fn runs_attention(&self, mut layers: Range<u32>) -> bool {
+    pub(super) fn runs_attention(&self, mut layers: Range<u32>) -> bool {
         layers.any(|il| self.attends(il))
     }
 

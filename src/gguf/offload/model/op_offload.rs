@@ -154,10 +154,7 @@ impl Model {
         }
         let below = inputs.saturating_sub(u128::from(p.residual));
         let before_last = host.layers.start..host.layers.end.saturating_sub(1);
-        let attention = if before_last
-            .clone()
-            .any(|il| self.mask_of(il as usize).is_some())
-        {
+        let attention = if self.runs_attention(before_last) {
             below + 2 * u128::from(p.query)
         } else {
             0
@@ -185,14 +182,19 @@ impl Model {
         let own = masks.first().copied().unwrap_or_default();
         let read = if self.host_runs_prompts(host) {
             let last = host.layers.end.checked_sub(1);
-            match last.and_then(|il| self.parts.mask_layers.get(il as usize)) {
-                Some(Mask::Full) => (true, false),
-                Some(Mask::Window) => (false, true),
-                _ => (false, false),
-            }
+            reads(last.and_then(|il| self.parts.mask_layers.get(il as usize)))
         } else {
             masks.last().copied().unwrap_or_default()
         };
         (own.0 || read.0, own.1 || read.1)
+    }
+}
+
+/// The masks (full, window) a layer reading `mask` needs.
+pub(super) fn reads(mask: Option<&Mask>) -> (bool, bool) {
+    match mask {
+        Some(Mask::Full) => (true, false),
+        Some(Mask::Window) => (false, true),
+        _ => (false, false),
     }
 }
