@@ -333,7 +333,8 @@ impl Model {
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
     ///   beside a host block's FFN rows), and the weightless operations between them follow it
     ///   there, a host layer's attention with its mask and KV cache copied in
-    ///   (`Model::offloaded_attention`);
+    ///   (`Model::offloaded_attention`); its own layers' FFN then lands above the masks
+    ///   (`Model::own_after_host_attention`);
     ///   the host runs only the token-by-token graph of its layers, keeping the key and value
     ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
     ///   with recurrent layers, whose scans it runs (`Model::host_prompt`). RPC devices given
@@ -357,10 +358,7 @@ impl Model {
             return;
         }
         let (residual, logits) = (u128::from(p.residual), u128::from(p.logits));
-        let mask = |(full, window): (bool, bool)| {
-            u128::from(if full { p.mask_full } else { 0 })
-                + u128::from(if window { p.mask_window } else { 0 })
-        };
+        let mask = |reads| self.mask_bytes(reads);
         let all_masks = u128::from(p.masks);
         let block = u128::from(p.activations).saturating_sub(residual);
         let first = |s: &DeviceShare| s.layers.start == 0 && !s.layers.is_empty();
@@ -462,12 +460,9 @@ impl Model {
             }
             let mut reads = masks.get(d).copied().unwrap_or_default();
             if d == 0 && op_offload {
-                // The host blocks' FFN with the weight copied in, or their attention with its
-                // copies (which holds what weights it keeps).
-                reads = self.first_gpu_masks(masks, host);
-                c = c
-                    .max(block + mask(reads) + u128::from(p.scaled) + u128::from(largest))
-                    .max(self.offloaded_attention(host, largest));
+                let peak;
+                (peak, reads) = self.first_gpu_peak(&s.layers, masks, host, largest);
+                c = c.max(peak);
                 if host.output {
                     c += logits;
                 }

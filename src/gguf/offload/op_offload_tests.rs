@@ -1,10 +1,12 @@
 //! Op offload: what a CUDA GPU takes over from the host (a host layer's attention, with its
 //! copies) and what the host keeps beside a GPU with a pinned host buffer type.
 
+use super::inputs_tests::inputs;
 use super::layout_tests::deepseek2;
 use super::rpc_tests::{granite, mamba2};
 use super::tests::{MIB, Model, N_EMBD, flags, hybrid};
 use super::*;
+use crate::gguf::header::Value;
 use crate::gguf::memory::{Flags, estimate, repack};
 
 #[test]
@@ -138,9 +140,10 @@ fn under_op_offload_a_host_layers_latent_cache_is_copied_in_as_keys_and_as_value
 #[test]
 fn under_op_offload_the_first_of_two_gpus_holds_only_the_masks_its_and_the_hosts_layers_read() {
     // Layers 0-2 slide over a window, layer 3 attends to everything: only the global layer's
-    // mask grows with the context.
+    // mask grows with the context (from a size where it sets the GPU's peak: its own layers'
+    // rows, not the host's FFN, which it is not copied in beside).
     let h = Model::llama(4, 16 * MIB).windowed().header();
-    let (short, long) = (flags(16384, 1), flags(32768, 1));
+    let (short, long) = (flags(32768, 1), flags(65536, 1));
     let (ps, pl) = (
         crate::gguf::memory::parts(&h, &short),
         crate::gguf::memory::parts(&h, &long),
@@ -237,4 +240,25 @@ fn a_hybrid_hosts_attention_runs_on_the_cpu_but_for_its_last_layers() {
     assert!(cpu < mask, "{cpu} bytes, the mask {mask}");
     // Block 2 the host's last: the GPU runs its attention, the mask copied in.
     assert!(first_gpu(2) > mask);
+}
+
+#[test]
+fn under_op_offload_the_gpus_own_ffn_lands_above_every_mask_it_holds_after_the_hosts_attention() {
+    // gemma3's pattern: window layers 0-2, the global layer 3; layer 0 on the host, the rest
+    // and the output on one GPU, which reads the global mask the host does not. Its FFN is
+    // narrow, as the tiny gemma3's is.
+    let mut m = Model::llama(8, 16 * MIB).windowed();
+    m.kv.push(("feed_forward_length", Value::U32(256)));
+    let h = m.header();
+    let f = flags(16384, 1);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let one_host = place(&h, &f, 8, &[1.0]).unwrap();
+    assert_eq!(one_host.host.layers, 0..1);
+    // The host's attention left its input, norm and two query rows below the masks; the
+    // GPU's up rows and their product land above both masks.
+    let own = 2 * (p.residual + p.query) + p.mask_full + p.mask_window + 2 * p.gate;
+    assert_eq!(one_host.devices[0].compute, own + inputs(&p, 2));
+    // Counted below the masks, as its own layers' rows alone, it came short.
+    let block = p.activations - p.residual;
+    assert!(block + p.masks < own);
 }

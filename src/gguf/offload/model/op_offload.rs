@@ -2,6 +2,8 @@
 //! layer's attention with its copies on the first GPU, and a hybrid model's prompt rows on the
 //! host (`Model::compute` uses them).
 
+use std::ops::Range;
+
 use super::{HostShare, Model};
 use crate::gguf::memory::Mask;
 
@@ -63,6 +65,66 @@ impl Model {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// Under op offload, the first GPU's peak while it runs the host's layers, and the masks it
+    /// holds (`Model::first_gpu_masks`): the host blocks' FFN with the weight copied in
+    /// (`largest`), beside the masks copied in for the host (one only the GPU's own layers
+    /// read comes with them, after it, where their phase is counted), or their attention with
+    /// its copies (which holds what weights it keeps); then its own layers' FFN above them.
+    pub(super) fn first_gpu_peak(
+        &self,
+        own: &Range<u32>,
+        masks: &[(bool, bool)],
+        host: &HostShare,
+        largest: u64,
+    ) -> (u128, (bool, bool)) {
+        let p = &self.parts;
+        let reads = self.first_gpu_masks(masks, host);
+        let after = self.own_after_host_attention(own, host, self.mask_bytes(reads));
+        let beside_ffn = match after {
+            Some(_) => self.host_masks(masks, host),
+            None => reads,
+        };
+        let block = u128::from(p.activations).saturating_sub(u128::from(p.residual));
+        let ffn = block + self.mask_bytes(beside_ffn) + u128::from(p.scaled) + u128::from(largest);
+        let peak = ffn
+            .max(self.offloaded_attention(host, largest))
+            .max(after.unwrap_or(0));
+        (peak, reads)
+    }
+
+    /// The bytes of the masks (full, window) `reads`.
+    pub(super) fn mask_bytes(&self, (full, window): (bool, bool)) -> u128 {
+        let p = &self.parts;
+        u128::from(if full { p.mask_full } else { 0 })
+            + u128::from(if window { p.mask_window } else { 0 })
+    }
+
+    /// Under op offload, the first GPU's peak in its own layers (`own`) after it ran the host's
+    /// attention (`Model::offloaded_attention`'s traced case): that attention's rows below the
+    /// masks (its input, norm and two query rows) are holes by then, split by the small inputs
+    /// copied in among them; every mask the GPU holds (`masks`: one only its own layers read
+    /// is copied in with them, above the host's) lies above them, and its own FFN's up rows
+    /// and their product above the masks, the gate rows alone fitting in the hole the host's
+    /// embeddings copy left (GGML_ALLOCATOR_DEBUG's layouts over rpc-server devices given
+    /// CUDA's offload rule, gemma3-tiny with window-attention layers on the host: 6.01 MiB
+    /// with the global layer on the device, 2.01 without; both counted below the masks
+    /// before). None where that is not traced: a latent cache, a hybrid model, a host that
+    /// does not attend, a GPU without layers of its own.
+    pub(super) fn own_after_host_attention(
+        &self,
+        own: &Range<u32>,
+        host: &HostShare,
+        masks: u128,
+    ) -> Option<u128> {
+        let p = &self.parts;
+        let traced = !p.latent_cache && !self.any_recurrent();
+        if own.is_empty() || !traced || !self.runs_attention(host.layers.clone()) {
+            return None;
+        }
+        let pre = 2 * u128::from(p.residual) + 2 * u128::from(p.query);
+        Some(pre + masks + 2 * u128::from(p.gate))
     }
 
     /// The mask layer `i` reads, in bytes; None for a layer without attention.
@@ -170,9 +232,9 @@ impl Model {
     /// CUDA's offload rule, window-attention layers on the host: the first device held 1.76 MiB
     /// with none on it (`-ngl 2 -ts 0,2`; estimate 2.03, the KV copies and the attention's
     /// output fitting in holes) and 2.01 MiB with window-attention layers 1-4 (`-ngl 6 -ts
-    /// 4,2`; estimate 1.94, its first layer's FFN rows above the mask), where all the masks
-    /// counted 5.88; once it held the global layer, 5.76 MiB as on one device. Without flash
-    /// attention, 8.51 MiB against 41.01 on one device.
+    /// 4,2`; its first layer's FFN rows above the mask, `Model::own_after_host_attention`),
+    /// where all the masks counted 5.88; once it held the global layer, 5.76 MiB as on one
+    /// device. Without flash attention, 8.51 MiB against 41.01 on one device.
     ///
     /// A hybrid model's host runs its attention on the CPU but for its last layer's
     /// (`Model::host_runs_prompts`), so only that layer's mask comes here: granitehybrid-tiny,
@@ -180,13 +242,18 @@ impl Model {
     /// (alloc trace; the full mask counted 5.76).
     pub(super) fn first_gpu_masks(&self, masks: &[(bool, bool)], host: &HostShare) -> (bool, bool) {
         let own = masks.first().copied().unwrap_or_default();
-        let read = if self.host_runs_prompts(host) {
+        let read = self.host_masks(masks, host);
+        (own.0 || read.0, own.1 || read.1)
+    }
+
+    /// Of [`Model::first_gpu_masks`], those copied in for the host's layers.
+    pub(super) fn host_masks(&self, masks: &[(bool, bool)], host: &HostShare) -> (bool, bool) {
+        if self.host_runs_prompts(host) {
             let last = host.layers.end.checked_sub(1);
             reads(last.and_then(|il| self.parts.mask_layers.get(il as usize)))
         } else {
             masks.last().copied().unwrap_or_default()
-        };
-        (own.0 || read.0, own.1 || read.1)
+        }
     }
 }
 
