@@ -39,7 +39,7 @@ impl Model {
         if !traced {
             return self.rows_below(host, largest);
         }
-        let pre = 2 * u128::from(p.residual) + 2 * u128::from(p.query);
+        let pre = self.rows_before_copies();
         let out = u128::from(p.query);
         // Each attending host layer's mask, KV cache and value part.
         let attending: Vec<(u64, u64, u64)> = host
@@ -123,8 +123,13 @@ impl Model {
         if own.is_empty() || !traced || !self.runs_attention(host.layers.clone()) {
             return None;
         }
-        let pre = 2 * u128::from(p.residual) + 2 * u128::from(p.query);
-        Some(pre + masks + 2 * u128::from(p.gate))
+        Some(self.rows_before_copies() + masks + 2 * u128::from(p.gate))
+    }
+
+    /// The rows the first attending host layer makes on the first GPU before its copies: the
+    /// graph's input, its norm and two query rows (the projection and its roped copy).
+    fn rows_before_copies(&self) -> u128 {
+        2 * u128::from(self.parts.residual) + 2 * u128::from(self.parts.query)
     }
 
     /// The mask layer `i` reads, in bytes; None for a layer without attention.
