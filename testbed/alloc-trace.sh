@@ -76,8 +76,18 @@ entry = re.compile(r"(\S+) \[(\d+): ([0-9a-f]+)-([0-9a-f]+)\] \(([\d.]+) MB\)")
 # A device's copies of its split inputs are named RPCn[host:port]#name#copy. A growth naming
 # none is the buffer whose last growth shares a tensor with it (same name, offset and size: the
 # allocator moves nothing alive), else the one that grew before it where it is no smaller (a
-# buffer only grows and the next one starts small), else the host's CPU buffer.
-label, last, logged, layouts = "CPU", 0.0, False, {}
+# buffer only grows and the next one starts small), else the host's CPU buffer; and where that
+# buffer cannot have it (it had grown larger, or ends smaller: the sizes it logs after), the one
+# buffer that can (a device's growths between two of the host's share no tensor with its last
+# one where the layers it runs have moved on, and a device's first growths name no input).
+def buffer(l):
+    at = re.search(r"RPC\d+\[([^\]]*)\]", l)
+    return f"{devs.get(at.group(1), '?')} (RPC {at.group(1)})" if at else "CPU"
+final = {}
+for l in lines[start:]:
+    if "compute buffer size =" in l:
+        final.setdefault(buffer(l), float(re.search(r"= +([\d.]+) MiB", l).group(1)))
+label, last, logged, layouts, grown = "CPU", 0.0, False, {}, {}
 for l in lines[start:]:
     if logged and "max_size[" in l:
         break  # the next reservation's (a token's graph)
@@ -102,7 +112,13 @@ for l in lines[start:]:
         label = shares[0]
     elif size < last or label == "CPU":
         label = "CPU"
-    last, layouts[label] = size, layout
+    def possible(k):
+        return grown.get(k, 0.0) <= size + 0.005 and final.get(k, size) + 0.005 >= size
+    if named is None and not possible(label):
+        fits = [k for k in final if possible(k)]
+        if len(fits) == 1:
+            label = fits[0]
+    last, layouts[label], grown[label] = size, layout, size
     print(f"{label} grows to {size:.2f} MB:")
     for name, chunk, a, b, mb in found:
         name = re.sub(r"^\d+\.", "", name)
