@@ -80,13 +80,18 @@ entry = re.compile(r"(\S+) \[(\d+): ([0-9a-f]+)-([0-9a-f]+)\] \(([\d.]+) MB\)")
 # buffer cannot have it (it had grown larger, or ends smaller: the sizes it logs after), the one
 # buffer that can (a device's growths between two of the host's share no tensor with its last
 # one where the layers it runs have moved on, and a device's first growths name no input).
+def device(endpoint):
+    return f"{devs.get(endpoint, '?')} (RPC {endpoint})"
 def buffer(l):
     at = re.search(r"RPC\d+\[([^\]]*)\]", l)
-    return f"{devs.get(at.group(1), '?')} (RPC {at.group(1)})" if at else "CPU"
+    return device(at.group(1)) if at else "CPU"
 final = {}
 for l in lines[start:]:
     if "compute buffer size =" in l:
         final.setdefault(buffer(l), float(re.search(r"= +([\d.]+) MiB", l).group(1)))
+def possible(k, size):
+    # A buffer only grows, and ends at the size it logs.
+    return grown.get(k, 0.0) <= size + 0.005 and final.get(k, size) + 0.005 >= size
 label, last, logged, layouts, grown = "CPU", 0.0, False, {}, {}
 for l in lines[start:]:
     if logged and "max_size[" in l:
@@ -107,15 +112,13 @@ for l in lines[start:]:
                   if (m := re.match(r"(?:\d+\.)?RPC\d+\[([^\]]*)\]#", n))), None)
     shares = [k for k, v in layouts.items() if v & layout]
     if named is not None:
-        label = f"{devs.get(named, '?')} (RPC {named})"
+        label = device(named)
     elif len(shares) == 1:
         label = shares[0]
     elif size < last or label == "CPU":
         label = "CPU"
-    def possible(k):
-        return grown.get(k, 0.0) <= size + 0.005 and final.get(k, size) + 0.005 >= size
-    if named is None and not possible(label):
-        fits = [k for k in final if possible(k)]
+    if named is None and not possible(label, size):
+        fits = [k for k in final if possible(k, size)]
         if len(fits) == 1:
             label = fits[0]
     last, layouts[label], grown[label] = size, layout, size

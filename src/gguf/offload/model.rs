@@ -358,9 +358,8 @@ impl Model {
             return;
         }
         let (residual, logits) = (u128::from(p.residual), u128::from(p.logits));
-        let mask = |reads| self.mask_bytes(reads);
         let all_masks = u128::from(p.masks);
-        let block = u128::from(p.activations).saturating_sub(residual);
+        let block = self.block_rows();
         let first = |s: &DeviceShare| s.layers.start == 0 && !s.layers.is_empty();
         let op_offload = self.backend.op_offload && !full && self.ubatch >= OP_OFFLOAD_MIN_BATCH;
         let pipeline = full && devices.len() > 1;
@@ -371,7 +370,7 @@ impl Model {
             vec![0; devices.len()]
         };
         for (d, s) in devices.iter_mut().enumerate() {
-            let m = mask(masks.get(d).copied().unwrap_or_default());
+            let m = self.mask_bytes(masks.get(d).copied().unwrap_or_default());
             let blocks = !s.layers.is_empty();
             // Outside a pipeline the split's copy of the masks is freed before the logits.
             let masks_freed = if pipeline { 0 } else { m };

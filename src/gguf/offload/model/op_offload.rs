@@ -35,8 +35,7 @@ impl Model {
     /// copies, and the weights copied in (`rows_below`).
     pub(super) fn offloaded_attention(&self, host: &HostShare, largest: u64) -> u128 {
         let p = &self.parts;
-        let traced = !p.latent_cache && !self.any_recurrent();
-        if !traced {
+        if !self.host_attention_traced() {
             return self.rows_below(host, largest);
         }
         let pre = self.rows_before_copies();
@@ -86,12 +85,20 @@ impl Model {
             Some(_) => self.host_masks(masks, host),
             None => reads,
         };
-        let block = u128::from(p.activations).saturating_sub(u128::from(p.residual));
-        let ffn = block + self.mask_bytes(beside_ffn) + u128::from(p.scaled) + u128::from(largest);
+        let ffn = self.block_rows()
+            + self.mask_bytes(beside_ffn)
+            + u128::from(p.scaled)
+            + u128::from(largest);
         let peak = ffn
             .max(self.offloaded_attention(host, largest))
             .max(after.unwrap_or(0));
         (peak, reads)
+    }
+
+    /// One layer's peak rows on a device: memory's activations less the embeddings input, which
+    /// only the host has.
+    pub(super) fn block_rows(&self) -> u128 {
+        u128::from(self.parts.activations).saturating_sub(u128::from(self.parts.residual))
     }
 
     /// The bytes of the masks (full, window) `reads`.
@@ -118,12 +125,19 @@ impl Model {
         host: &HostShare,
         masks: u128,
     ) -> Option<u128> {
-        let p = &self.parts;
-        let traced = !p.latent_cache && !self.any_recurrent();
-        if own.is_empty() || !traced || !self.runs_attention(host.layers.clone()) {
+        if own.is_empty()
+            || !self.host_attention_traced()
+            || !self.runs_attention(host.layers.clone())
+        {
             return None;
         }
-        Some(self.rows_before_copies() + masks + 2 * u128::from(p.gate))
+        Some(self.rows_before_copies() + masks + 2 * u128::from(self.parts.gate))
+    }
+
+    /// Whether the first GPU's layout around a host layer's attention copies was traced
+    /// (`Model::offloaded_attention`): neither a latent cache nor recurrent layers.
+    fn host_attention_traced(&self) -> bool {
+        !self.parts.latent_cache && !self.any_recurrent()
     }
 
     /// The rows the first attending host layer makes on the first GPU before its copies: the
