@@ -253,13 +253,16 @@ const FFN_OVER: &str = "over: a later host layer's value copy fits in the first 
 const OUTPUT_OVER: &str = "over: one host layer's attention output, counted on top, fits in \
      the hole its query's rows leave (26.53 MiB: the rows before, the K and V copies, the mask)";
 const MASK_OVER: &str = "over: the mask only this GPU's own layers read, counted beside the \
-     host's recurrent block's FFN and its weight copy, is copied in after it, into the FFN's \
-     place (25.22 MiB: the GPU's first scan chain above it; alloc trace); a hybrid's own layers \
-     after a host block are not traced further (the tiny one's mask came during the host's FFN)";
+     host's recurrent block's FFN and its weight copy, is copied in after it, into the place \
+     of the FFN's gate and up rows (25.22 MiB: the GPU's first scan chain above it; alloc \
+     trace); where that place is smaller than the mask (the tiny model's, the GPU check's), the \
+     mask lands above the FFN's product and the GPU's in-projection above it, as counted";
 const DOWN_OVER: &str = "over: the host layer's FFN here is counted with its largest weight \
      copied in (the down projection, 16.61 MiB in Q6_K) beside its three rows; the engine peaks \
      with the gate's or up's copy (11.39 in Q4_K), the down projection coming once two of those \
-     rows are freed (78.89 MiB; alloc trace)";
+     rows are freed (78.89 MiB; alloc trace); counting the gate's copy instead would put the \
+     other settings' first GPU under (86.89 MiB logged, 84.41 so counted: the global layer's FFN \
+     runs above its full mask and a 4 MiB hole)";
 const OWN_FFN_FITS: &str = "over: the GPU's own FFN's up rows and their product, counted above \
      the masks after the host's attention, fit below the 1.77 MiB that attention reached; the \
      quantized file's, its query weight copied in half as large, land above (2.01 MiB logged)";

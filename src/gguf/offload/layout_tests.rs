@@ -156,8 +156,9 @@ fn a_later_pipeline_device_running_one_mamba2_layer_has_the_gate_on_top_where_no
     let (r, chain, input) = (u128::from(p.residual), p.scan.chain, p.scan.input);
     assert_eq!(
         u128::from(last.devices[1].compute),
-        4 * r + r + chain + 4 * input,
-        "four input copies, one row's hole, the chain and the in-projection's four copies"
+        4 * r + r + p.scan.state_rows + chain + 4 * input,
+        "four input copies, one row's hole, the conv state's rows, the chain and the \
+         in-projection's four copies"
     );
     // mamba2-tiny's widths: the output takes the convolution input's place, and the gate,
     // wider than what is left of it, lands on top.
@@ -177,6 +178,6 @@ fn a_later_pipeline_device_running_one_mamba2_layer_has_the_gate_on_top_where_no
     let (r, chain, input) = (u128::from(p.residual), p.scan.chain, p.scan.input);
     assert_eq!(
         u128::from(last.devices[1].compute),
-        4 * r + r + chain + p.scan.gate + 4 * input
+        4 * r + r + p.scan.state_rows + chain + p.scan.gate + 4 * input
     );
 }

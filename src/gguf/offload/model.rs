@@ -316,7 +316,9 @@ impl Model {
     /// - a device running mamba2 layers needs their chain (`memory::Scan`) above the residual
     ///   rows the allocator leaves below it (measured): four where the first block runs outside
     ///   a pipeline (the embeddings' copy, the layer's input and the two rows the layer before
-    ///   freed), three above a pipeline's inputs (`Model::beside_pipeline_scan`); where
+    ///   freed), three above a pipeline's inputs (`Model::beside_pipeline_scan`), and the
+    ///   conv state's rows the layer gathers for its slots (`memory::Scan::state_rows`) among
+    ///   them (mamba2-bench: its in-projection at 6.04 MiB, above four 1.5 MiB rows); where
     ///   two such layers follow each other in a hybrid block, the second's in-projection lands
     ///   above the first's scan output (`memory::Scan::follow`), and above the masks where they
     ///   come between two attention layers on the device (`Model::masks_under_scans`);
@@ -334,7 +336,9 @@ impl Model {
     ///   beside a host block's FFN rows), and the weightless operations between them follow it
     ///   there, a host layer's attention with its mask and KV cache copied in
     ///   (`Model::offloaded_attention`); its own layers' FFN then lands above the masks
-    ///   (`Model::own_after_host_attention`);
+    ///   (`Model::own_after_host_attention`), and a hybrid's own scan after a host block
+    ///   above the mask where the mask does not fit that block's freed FFN rows
+    ///   (`Model::own_scan_after_host_block`);
     ///   the host runs only the token-by-token graph of its layers, keeping the key and value
     ///   rows the GPU copies back for its KV cache (`attention::copied_back`), but for a model
     ///   with recurrent layers, whose scans it runs (`Model::host_prompt`). RPC devices given
@@ -401,11 +405,12 @@ impl Model {
             if blocks && (pipeline || first(s)) {
                 c += self.query_hole();
             }
-            // A mamba2 layer's chain over the residual rows below it: the device's peak where
-            // the layer is the whole block, else a floor under `memory`'s fitted one; a device
-            // past the host's blocks, outside a pipeline, keeps the fitted peak, but the first
-            // GPU under op offload given the gate (mamba2-bench, `-ngl 8 -ts 2,1`: its layer 3's
-            // chain over 4 residual rows, 24.13 MiB against the fitted 22.89; alloc trace).
+            // A mamba2 layer's chain over the residual rows and the conv state's rows below it:
+            // the device's peak where the layer is the whole block, else a floor under
+            // `memory`'s fitted one; a device past the host's blocks, outside a pipeline, keeps
+            // the fitted peak, but the first GPU under op offload given the gate (mamba2-bench,
+            // `-ngl 8 -ts 2,1`: its layer 3's chain over 4 residual rows and layer 1's conv
+            // state rows, 24.13 MiB against the fitted 22.89; alloc trace).
             let handed = d == 0 && op_offload && self.hands_over_gate(host);
             let below = match (pipeline, first(s) || handed) {
                 (true, _) => self.beside_pipeline_scan(&s.layers, first(s)),
@@ -413,7 +418,7 @@ impl Model {
                 (false, false) => 0,
             };
             if below > 0 && self.runs_scan(&s.layers) {
-                let scan = below + p.scan.chain;
+                let scan = below + p.scan.state_rows + p.scan.chain;
                 c = if p.scan.alone { scan } else { c.max(scan) };
                 if self.runs_scans_in_a_row(&s.layers) {
                     // Outside a pipeline (which counts its copies of the masks below), the

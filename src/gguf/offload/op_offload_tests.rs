@@ -188,8 +188,9 @@ fn under_op_offload_the_first_gpu_given_a_host_mamba2_gate_runs_as_a_first_block
     let (h, f) = (m.header(), flags(8192, 2));
     let p = crate::gguf::memory::parts(&h, &f);
     // The host keeps layer 0 alone; the first GPU ran its prompt from the embeddings' copy, so
-    // its own layers' chain lies over four residual rows, as where the first block runs.
-    let first_block = 4 * u128::from(p.residual) + p.scan.chain;
+    // its own layers' chain lies over four residual rows and its conv state's rows, as where
+    // the first block runs.
+    let first_block = 4 * u128::from(p.residual) + p.scan.state_rows + p.scan.chain;
     let one = place(&h, &f, 4, &[2.0, 1.0]).unwrap();
     assert_eq!(one.host.layers, 0..1);
     assert_eq!(u128::from(one.devices[0].compute), first_block);
@@ -261,4 +262,33 @@ fn under_op_offload_the_gpus_own_ffn_lands_above_every_mask_it_holds_after_the_h
     // Counted below the masks, as its own layers' rows alone, it came short.
     let block = p.activations - p.residual;
     assert!(block + p.masks < own);
+}
+
+#[test]
+fn under_op_offload_a_hybrids_mask_lands_above_the_host_blocks_ffn_and_the_gpus_scan_above_it() {
+    // granitehybrid-tiny's pattern: mamba2 blocks but for block 2; block 0 on the host, the
+    // rest and the output on two GPUs, 2:1. The first GPU reads the full mask, larger than
+    // the place the host block's gate and up rows leave.
+    let h = granite(&[0, 0, 8, 0]).header();
+    let f = flags(8192, 2);
+    let p = crate::gguf::memory::parts(&h, &f);
+    assert!(p.mask_full > 2 * p.gate);
+    let one_host = place(&h, &f, 4, &[2.0, 1.0]).unwrap();
+    assert_eq!(one_host.host.layers, 0..1);
+    assert_eq!(one_host.devices[0].layers, 1..4);
+    let largest = h
+        .tensors
+        .iter()
+        .filter(|t| t.name.starts_with("blk.0."))
+        .filter_map(crate::gguf::memory::tensor_bytes)
+        .max()
+        .unwrap();
+    // The host block's FFN below the mask, the GPU's in-projection and gate copy above it.
+    let below = 4 * p.residual + 2 * p.gate + largest;
+    let scan = (p.scan.input + p.scan.gate) as u64;
+    let own = below + p.mask_full + scan;
+    assert_eq!(one_host.devices[0].compute, own + inputs(&p, 1));
+    // Counted as the host block's FFN beside the mask, it came short.
+    let ffn = p.activations - p.residual + p.mask_full + largest;
+    assert!(ffn < own, "{ffn} bytes counted before, {own} now");
 }

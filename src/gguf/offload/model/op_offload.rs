@@ -70,7 +70,8 @@ impl Model {
     /// holds (`Model::first_gpu_masks`): the host blocks' FFN with the weight copied in
     /// (`largest`), beside the masks copied in for the host (one only the GPU's own layers
     /// read comes with them, after it, where their phase is counted), or their attention with
-    /// its copies (which holds what weights it keeps); then its own layers' FFN above them.
+    /// its copies (which holds what weights it keeps); then its own layers' FFN above them, or
+    /// a hybrid model's own first scan above the mask (`Model::own_scan_after_host_block`).
     pub(super) fn first_gpu_peak(
         &self,
         own: &Range<u32>,
@@ -89,10 +90,49 @@ impl Model {
             + self.mask_bytes(beside_ffn)
             + u128::from(p.scaled)
             + u128::from(largest);
+        let scan = self.own_scan_after_host_block(own, host, self.mask_bytes(reads), largest);
         let peak = ffn
             .max(self.offloaded_attention(host, largest))
-            .max(after.unwrap_or(0));
+            .max(after.unwrap_or(0))
+            .max(scan.unwrap_or(0));
         (peak, reads)
+    }
+
+    /// Under op offload, the first GPU's peak where a hybrid model's host block (a mamba2 layer
+    /// and its FFN) hands over to its own first layer, a mamba2 layer too, and the mask the GPU
+    /// holds (`masks`) is larger than the place the host block's gate and up rows leave: the
+    /// mask is copied in while that FFN's product is alive and lands above it, and the GPU's
+    /// in-projection and gate copy above the mask; the chain's other rows fit below. Below the
+    /// mask: four residual rows (holes of the block's input, norm and scan rows, and its
+    /// output), one of the FFN's rows freed and its product, beside the weight copied in
+    /// (`largest`). GGML_ALLOCATOR_DEBUG's layouts over two rpc-server devices given CUDA's
+    /// offload rule, one host block, `-ts 2,1`: granitehybrid-tiny 5.84 MiB (its 4 MiB mask at
+    /// 1.02, 0.57 and 0.25 above it; counted below the mask before, 5.76), the GPU check's
+    /// granitehybrid 11.60 (the mask at 4.09, 2.52 and 1.0 above). None elsewhere: where the
+    /// mask fits the freed rows' place (granitehybrid-bench: in its gate's, the chain above it,
+    /// 25.22 MiB), where the GPU's first layer attends, or the host's last does not scan.
+    fn own_scan_after_host_block(
+        &self,
+        own: &Range<u32>,
+        host: &HostShare,
+        masks: u128,
+        largest: u64,
+    ) -> Option<u128> {
+        let p = &self.parts;
+        let gate = u128::from(p.gate);
+        let handed = host
+            .layers
+            .end
+            .checked_sub(1)
+            .is_some_and(|il| self.recurrent(il));
+        if own.is_empty() || !handed || !self.recurrent(own.start) || p.scan.input == 0 {
+            return None;
+        }
+        if p.scan.alone || gate == 0 || masks <= 2 * gate {
+            return None;
+        }
+        let below = 4 * u128::from(p.residual) + 2 * gate + u128::from(largest);
+        Some(below + masks + p.scan.input + p.scan.gate)
     }
 
     /// One layer's peak rows on a device: memory's activations less the embeddings input, which
