@@ -69,9 +69,12 @@ impl Model {
     /// Under op offload, the first GPU's peak while it runs the host's layers, and the masks it
     /// holds (`Model::first_gpu_masks`): the host blocks' FFN with the weight copied in
     /// (`largest`), beside the masks copied in for the host (one only the GPU's own layers
-    /// read comes with them, after it, where their phase is counted), or their attention with
-    /// its copies (which holds what weights it keeps); then its own layers' FFN above them, or
-    /// a hybrid model's own first scan above the mask (`Model::own_scan_after_host_block`).
+    /// read comes with them, after it, where their phase is counted: after the host's
+    /// attention, or a hybrid's host block, whose FFN's gate and up rows are freed by then;
+    /// granitehybrid-bench, one host block, 2:1, 25.22 MiB logged, 26.98 counted beside them),
+    /// or their attention with its copies (which holds what weights it keeps); then its own
+    /// layers' FFN above them, or a hybrid model's own first scan above the mask
+    /// (`Model::own_scan_after_host_block`).
     pub(super) fn first_gpu_peak(
         &self,
         own: &Range<u32>,
@@ -82,9 +85,10 @@ impl Model {
         let p = &self.parts;
         let reads = self.first_gpu_masks(masks, host);
         let after = self.own_after_host_attention(own, host, self.mask_bytes(reads));
-        let beside_ffn = match after {
-            Some(_) => self.host_masks(masks, host),
-            None => reads,
+        let beside_ffn = if after.is_some() || self.host_runs_prompts(host) {
+            self.host_masks(masks, host)
+        } else {
+            reads
         };
         let ffn = self.block_rows()
             + self.mask_bytes(beside_ffn)
