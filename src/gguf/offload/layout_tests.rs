@@ -2,7 +2,7 @@
 //! out over an rpc-server device (`testbed/alloc-trace.sh` prints those layouts).
 
 use super::inputs_tests::inputs;
-use super::rpc_tests::mamba2;
+use super::rpc_tests::{granite, mamba2};
 use super::tests::{MIB, Model, N_EMBD, flags};
 use super::*;
 use crate::gguf::header::Value;
@@ -180,4 +180,31 @@ fn a_later_pipeline_device_running_one_mamba2_layer_has_the_gate_on_top_where_no
         u128::from(last.devices[1].compute),
         4 * r + r + p.scan.state_rows + chain + p.scan.gate + 4 * input
     );
+}
+
+#[test]
+fn a_host_running_two_mamba2_layers_in_a_row_holds_the_second_above_the_firsts_output() {
+    // granitehybrid-tiny's pattern, blocks 0 and 1 on the host: above the graph's inputs (the
+    // embeddings twice, the mask, the token ids and the small inputs), the first block's
+    // output and the second scan's rows (6.05 MiB logged over two rpc-server devices, memory's
+    // fitted figure 5.84; alloc trace). Its scan is wide beside the residual, as the tiny
+    // model's is, and its output fits in the convolution input's place.
+    let f = flags(8192, 2);
+    let mut wide = granite(&[0, 0, 8, 0]);
+    for (key, value) in &mut wide.kv {
+        match *key {
+            "ssm.inner_size" => *value = Value::U32(2048),
+            "ssm.state_size" => *value = Value::U32(4),
+            _ => {}
+        }
+    }
+    let h = wide.header();
+    let p = parts(&h, &f);
+    let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
+    assert_eq!(partial.host.layers, 0..2);
+    let r = u128::from(p.residual);
+    let graph_inputs = 2 * r + u128::from(p.masks) + u128::from(512 * 4 + inputs(&p, 1));
+    let follow = graph_inputs + r + p.scan.follow;
+    assert!(follow > u128::from(p.estimate.compute));
+    assert_eq!(u128::from(partial.host.compute), follow);
 }
