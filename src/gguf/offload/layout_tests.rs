@@ -162,15 +162,7 @@ fn a_later_pipeline_device_running_one_mamba2_layer_has_the_gate_on_top_where_no
     );
     // mamba2-tiny's widths: the output takes the convolution input's place, and the gate,
     // wider than what is left of it, lands on top.
-    let mut narrow = mamba2(8);
-    for (key, value) in &mut narrow.kv {
-        match *key {
-            "ssm.inner_size" => *value = Value::U32(128),
-            "ssm.state_size" => *value = Value::U32(16),
-            _ => {}
-        }
-    }
-    let h = narrow.header();
+    let h = scan_widths(mamba2(8), 128, 16).header();
     let p = parts(&h, &f);
     assert!(p.scan.gate_spills);
     let last = place_on(&h, &f, 9, &[3.0, 1.0], Backend::RPC).unwrap();
@@ -190,15 +182,7 @@ fn a_host_running_two_mamba2_layers_in_a_row_holds_the_second_above_the_firsts_o
     // fitted figure 5.84; alloc trace). Its scan is wide beside the residual, as the tiny
     // model's is, and its output fits in the convolution input's place.
     let f = flags(8192, 2);
-    let mut wide = granite(&[0, 0, 8, 0]);
-    for (key, value) in &mut wide.kv {
-        match *key {
-            "ssm.inner_size" => *value = Value::U32(2048),
-            "ssm.state_size" => *value = Value::U32(4),
-            _ => {}
-        }
-    }
-    let h = wide.header();
+    let h = scan_widths(granite(&[0, 0, 8, 0]), 2048, 4).header();
     let p = parts(&h, &f);
     let partial = place_on(&h, &f, 3, &[1.0, 1.0], Backend::RPC).unwrap();
     assert_eq!(partial.host.layers, 0..2);
@@ -207,4 +191,16 @@ fn a_host_running_two_mamba2_layers_in_a_row_holds_the_second_above_the_firsts_o
     let follow = graph_inputs + r + p.scan.follow;
     assert!(follow > u128::from(p.estimate.compute));
     assert_eq!(u128::from(partial.host.compute), follow);
+}
+
+/// `m` with its mamba2 layers' inner and state widths set.
+fn scan_widths(mut m: Model, inner: u32, state: u32) -> Model {
+    for (key, value) in &mut m.kv {
+        match *key {
+            "ssm.inner_size" => *value = Value::U32(inner),
+            "ssm.state_size" => *value = Value::U32(state),
+            _ => {}
+        }
+    }
+    m
 }
