@@ -217,13 +217,7 @@ fn under_op_offload_the_gpu_running_the_hosts_unfused_attention_keeps_the_blocks
     let row = N_EMBD * 512 * 4;
     let scores = 4096 * 512 * 8 * 4;
     let attention = row + p.kv[1] + scores + p.kv[1] / 2 + 2 * row + 2 * p.mask_full;
-    let largest = h
-        .tensors
-        .iter()
-        .filter(|t| t.name.starts_with("blk.0.") || t.name.starts_with("blk.1."))
-        .filter_map(crate::gguf::memory::tensor_bytes)
-        .max()
-        .unwrap();
+    let largest = largest_weight(&h, &["blk.0.", "blk.1."]);
     let ffn_before = p.gate + row + largest;
     assert_eq!(cuda.devices[0].compute, ffn_before + row + attention);
 }
@@ -276,13 +270,7 @@ fn under_op_offload_a_hybrids_mask_lands_above_the_host_blocks_ffn_and_the_gpus_
     let one_host = place(&h, &f, 4, &[2.0, 1.0]).unwrap();
     assert_eq!(one_host.host.layers, 0..1);
     assert_eq!(one_host.devices[0].layers, 1..4);
-    let largest = h
-        .tensors
-        .iter()
-        .filter(|t| t.name.starts_with("blk.0."))
-        .filter_map(crate::gguf::memory::tensor_bytes)
-        .max()
-        .unwrap();
+    let largest = largest_weight(&h, &["blk.0."]);
     // The host block's FFN below the mask, the GPU's in-projection and gate copy above it.
     let below = 4 * p.residual + 2 * p.gate + largest;
     let scan = (p.scan.input + p.scan.gate) as u64;
@@ -291,4 +279,14 @@ fn under_op_offload_a_hybrids_mask_lands_above_the_host_blocks_ffn_and_the_gpus_
     // Counted as the host block's FFN beside the mask, it came short.
     let ffn = p.activations - p.residual + p.mask_full + largest;
     assert!(ffn < own, "{ffn} bytes counted before, {own} now");
+}
+
+/// The largest weight of the blocks named by `prefixes` (`blk.N.`): the one a GPU copies in.
+fn largest_weight(h: &crate::gguf::header::Header, prefixes: &[&str]) -> u64 {
+    h.tensors
+        .iter()
+        .filter(|t| prefixes.iter().any(|b| t.name.starts_with(b)))
+        .filter_map(crate::gguf::memory::tensor_bytes)
+        .max()
+        .unwrap_or(0)
 }

@@ -84,7 +84,8 @@ impl Model {
     ) -> (u128, (bool, bool)) {
         let p = &self.parts;
         let reads = self.first_gpu_masks(masks, host);
-        let after = self.own_after_host_attention(own, host, self.mask_bytes(reads));
+        let held = self.mask_bytes(reads);
+        let after = self.own_after_host_attention(own, host, held);
         let beside_ffn = if after.is_some() || self.host_runs_prompts(host) {
             self.host_masks(masks, host)
         } else {
@@ -94,7 +95,7 @@ impl Model {
             + self.mask_bytes(beside_ffn)
             + u128::from(p.scaled)
             + u128::from(largest);
-        let scan = self.own_scan_after_host_block(own, host, self.mask_bytes(reads), largest);
+        let scan = self.own_scan_after_host_block(own, host, held, largest);
         let peak = ffn
             .max(self.offloaded_attention(host, largest))
             .max(after.unwrap_or(0))
@@ -129,10 +130,8 @@ impl Model {
             .end
             .checked_sub(1)
             .is_some_and(|il| self.recurrent(il));
-        if own.is_empty() || !handed || !self.recurrent(own.start) || p.scan.input == 0 {
-            return None;
-        }
-        if p.scan.alone || gate == 0 || masks <= 2 * gate {
+        let scans = !own.is_empty() && self.recurrent(own.start) && p.scan.input > 0;
+        if !handed || !scans || p.scan.alone || gate == 0 || masks <= 2 * gate {
             return None;
         }
         let below = 4 * u128::from(p.residual) + 2 * gate + u128::from(largest);
