@@ -84,7 +84,7 @@ const OVER_TINY: f64 = 1.55;
 /// fails: (model file prefix, setting, where, most, what is not modelled). Under-estimates are
 /// the ones that would matter (a device's share is then short by that much of its headroom, a
 /// pod's memory by that much of the host part): none are left.
-const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 20] = [
+const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 16] = [
     (
         "llama-tiny-f16",
         "op offload, all host",
@@ -112,20 +112,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 20] = [
         "dev0",
         0.16,
         FFN_OVER,
-    ),
-    (
-        "deepseek2-bench-llama-bpe-Q4_K_M",
-        "op offload, all host",
-        "dev0",
-        0.40,
-        LATENT_OVER,
-    ),
-    (
-        "deepseek2-bench-llama-bpe-Q4_K_M",
-        "op offload, partial",
-        "dev0",
-        0.40,
-        LATENT_OVER,
     ),
     (
         "granitehybrid-bench-llama-bpe-Q4_0",
@@ -161,13 +147,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 20] = [
         "dev0",
         0.16,
         FFN_OVER,
-    ),
-    (
-        "deepseek2-bench-llama-bpe-Q4_K_M",
-        "op offload, 2 dev 1:2",
-        "dev0",
-        0.40,
-        LATENT_OVER,
     ),
     (
         "deepseek2-bench-llama-bpe-Q4_K_M",
@@ -212,13 +191,6 @@ const COMPUTE_MISSES: [(&str, &str, &str, f64, &str); 20] = [
         OUTPUT_OVER,
     ),
     (
-        "deepseek2-bench-llama-bpe-Q4_K_M",
-        "op offload, 1 host 2:1",
-        "dev0",
-        0.10,
-        LATENT_OVER,
-    ),
-    (
         "gemma3-bench-gemma-4-Q4_K_M",
         "op offload, 1 host 2:1",
         "dev0",
@@ -247,9 +219,6 @@ const DOWN_OVER: &str = "over: the host layer's FFN here is counted with its lar
 const OWN_FFN_FITS: &str = "over: the GPU's own FFN's up rows and their product, counted above \
      the masks after the host's attention, fit below the 1.77 MiB that attention reached; the \
      quantized file's, its query weight copied in half as large, land above (2.01 MiB logged)";
-const LATENT_OVER: &str = "over: the keys' copy of a host layer's latent cache fits in the \
-     holes its absorbed query's rows leave, where its cells take less room than those (8192 \
-     cells; within 5% at 32768)";
 const HYBRID_FFN: &str = "over: the GPU's one block, which attends, is counted at memory's \
      rows of a hybrid block, its scan phase's, beside the mask; the engine peaks in the host's \
      last block's FFN with that mask copied in (4.52 MiB: the FFN's rows, its weight, the mask \

@@ -49,7 +49,12 @@ fn a_gated_ffns_device_keeps_the_hole_its_input_leaves() {
 /// deepseek2's shapes (8 heads, a 512-wide latent with 64 rotary elements, a 192-wide query per
 /// head), a dense block, then MoE blocks.
 pub(super) fn deepseek2() -> Model {
-    let mut m = Model::llama(4, 16 * MIB);
+    deepseek2_with(16 * MIB)
+}
+
+/// [`deepseek2`] with blocks of `block` bytes.
+pub(super) fn deepseek2_with(block: u64) -> Model {
+    let mut m = Model::llama(4, block);
     m.arch = "deepseek2";
     m.kv = vec![
         ("attention.head_count", Value::U32(8)),

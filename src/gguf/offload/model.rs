@@ -5,7 +5,9 @@
 use std::ops::Range;
 
 mod attention;
+mod home;
 mod host;
+mod latent;
 mod op_offload;
 mod scan;
 
@@ -14,6 +16,7 @@ use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Parts, repack};
 use attention::{Unfused, attention_rows};
+use home::{Home, home};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).
@@ -21,69 +24,6 @@ const PIPELINE_COPIES: u128 = 4;
 /// The CUDA backend takes over a matrix multiply whose weight is in host memory from this many
 /// tokens on (`GGML_OP_OFFLOAD_MIN_BATCH`, `ggml_backend_cuda_device_offload_op`).
 const OP_OFFLOAD_MIN_BATCH: u64 = 32;
-/// Tensors of the input layer (`LLM_TENSOR_LAYER_INPUT`): always in host memory.
-const INPUT: [&str; 6] = [
-    "token_embd",
-    "position_embd",
-    "token_types",
-    "per_layer_token_embd",
-    "masked_embd_centroids",
-    "masked_embd_ordering",
-];
-/// Tensors of the output layer (`LLM_TENSOR_LAYER_OUTPUT`) besides `output*`.
-const OUTPUT: [&str; 16] = [
-    "cls",
-    "dense_2",
-    "dense_3",
-    "dec.output_norm",
-    "enc.output_norm",
-    "altup_proj",
-    "altup_unembd_proj",
-    "nextn.post_projection",
-    "fc",
-    "d2t",
-    "markov_w1",
-    "markov_w2",
-    "conf_proj",
-    "selector_predecessor",
-    "selector_successor",
-    "selector_hidden",
-];
-
-/// Where a tensor lives.
-enum Home {
-    Input,
-    Layer(usize),
-    Output,
-}
-
-/// The layer a tensor belongs to, by name: `blk.N.` (also under `enc.`/`dec.`), the input and
-/// output tensors, and the few repeating tensors without a number (`rope_freqs`,
-/// `token_embd_norm`), which the engine creates with layer 0.
-fn home(name: &str, n_layer: usize) -> Home {
-    let first = name.split('.').next().unwrap_or_default();
-    let inner = name
-        .strip_prefix("enc.")
-        .or_else(|| name.strip_prefix("dec."))
-        .unwrap_or(name);
-    if let Some(rest) = inner.strip_prefix("blk.") {
-        return match rest.split('.').next().and_then(|n| n.parse::<usize>().ok()) {
-            Some(il) if il < n_layer => Home::Layer(il),
-            // A block the model does not have: the engine refuses the file; count it on the host.
-            _ => Home::Input,
-        };
-    }
-    if INPUT.contains(&first) {
-        Home::Input
-    } else if first.starts_with("output") || OUTPUT.iter().any(|o| name.starts_with(o)) {
-        Home::Output
-    } else if n_layer > 0 {
-        Home::Layer(0)
-    } else {
-        Home::Input
-    }
-}
-
 /// The model's parts by layer, computed once for any number of placements.
 pub(super) struct Model {
     pub(super) n_layer: u32,
@@ -106,6 +46,8 @@ pub(super) struct Model {
     copied_back: Vec<u128>,
     /// An attention layer's buffers without flash attention; None without attention.
     unfused: Option<Unfused>,
+    /// A latent cache's query rows on the first GPU under op offload; None without one.
+    latent_query: Option<latent::Query>,
     /// Whether a device keeps the hole its split's input leaves below the FFN rows
     /// (`Model::keeps_input_hole`).
     input_hole: bool,
@@ -134,6 +76,7 @@ impl Model {
             projections: Vec::new(),
             copied_back: Vec::new(),
             unfused: None,
+            latent_query: None,
             input_hole: false,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
@@ -168,6 +111,9 @@ impl Model {
         (m.last_attention, m.projections, m.copied_back) =
             (rows.last, rows.projections, rows.copied_back);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
+        if m.parts.latent_cache {
+            m.latent_query = latent::Query::of(h, m.parts.residual, m.ubatch, n);
+        }
         m.input_hole = m.keeps_input_hole(gated);
         m
     }
@@ -335,7 +281,8 @@ impl Model {
     ///   "1.off"), which copies the weight into its compute buffer (the largest such weight,
     ///   beside a host block's FFN rows), and the weightless operations between them follow it
     ///   there, a host layer's attention with its mask and KV cache copied in
-    ///   (`Model::offloaded_attention`); its own layers' FFN then lands above the masks
+    ///   (`Model::offloaded_attention`; a latent cache beside the query rows it leaves a
+    ///   place below, `Model::offloaded_latent`); its own layers' FFN then lands above the masks
     ///   (`Model::own_after_host_attention`), and a hybrid's own scan after a host block
     ///   above the mask where the mask does not fit that block's freed FFN rows
     ///   (`Model::own_scan_after_host_block`);

@@ -2,7 +2,7 @@
 //! copies) and what the host keeps beside a GPU with a pinned host buffer type.
 
 use super::inputs_tests::inputs;
-use super::layout_tests::deepseek2;
+use super::layout_tests::{deepseek2, deepseek2_with};
 use super::rpc_tests::{granite, mamba2};
 use super::tests::{MIB, Model, N_EMBD, flags, hybrid};
 use super::*;
@@ -117,8 +117,10 @@ fn the_host_keeps_the_matmul_work_buffer_only_for_the_batches_it_multiplies() {
 
 #[test]
 fn under_op_offload_a_host_layers_latent_cache_is_copied_in_as_keys_and_as_values() {
+    // From 32768 cells on a layer's cache (36 MiB) no longer fits in the place its query rows
+    // leave (11 MiB), so both copies land above them.
     let h = deepseek2().header();
-    let (short, long) = (flags(8192, 2), flags(32768, 2));
+    let (short, long) = (flags(32768, 2), flags(65536, 2));
     let (ps, pl) = (
         crate::gguf::memory::parts(&h, &short),
         crate::gguf::memory::parts(&h, &long),
@@ -289,4 +291,29 @@ fn largest_weight(h: &crate::gguf::header::Header, prefixes: &[&str]) -> u64 {
         .filter_map(crate::gguf::memory::tensor_bytes)
         .max()
         .unwrap_or(0)
+}
+
+#[test]
+fn under_op_offload_a_host_layers_first_latent_cache_copy_takes_the_place_its_query_rows_leave() {
+    // A small FFN weight, so that the host's attention sets the GPU's peak; at 8192 cells a
+    // layer's cache (9 MiB) fits in the place its query and absorbed query leave (11 MiB).
+    let h = deepseek2_with(MIB).header();
+    let f = flags(8192, 2);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let at = |ngl: u32| u128::from(place(&h, &f, ngl, &[1.0]).unwrap().devices[0].compute);
+    let row = |width: u128| 512 * 4 * width;
+    let (query, absorbed, cache) = (row(8 * 192), row(8 * 512), u128::from(p.kv[0]));
+    assert!(cache <= query + absorbed && 2 * cache > query + absorbed);
+    // Below the copies: the input and its norm, the query, the absorbed query, the roped part
+    // (no compressed query here, whose place it would take) and the joined query.
+    let rows = 2 * u128::from(p.residual) + query + absorbed + row(8 * 64) + row(8 * 576);
+    // One host layer: its second copy and the mask above the rows, its output on top of them.
+    let one = rows + cache + u128::from(p.mask_full) + absorbed;
+    assert!(
+        (one..one + 64 * 1024).contains(&at(4)),
+        "{} against {one}",
+        at(4)
+    );
+    // Every host layer: a later layer's second copy above the mask instead of that output.
+    assert_eq!(at(1) - at(4), cache - absorbed);
 }

@@ -30,11 +30,15 @@ impl Model {
     /// rows) lands on top (phi3, and gemma3 at 1.76 MiB on the first of two devices), or in a
     /// hole (llama).
     ///
-    /// A latent cache and a hybrid model keep the bound traced before: the rows of memory's
-    /// activations (the FFN phase, or latent attention's; without the residual) below the
-    /// copies, and the weights copied in (`rows_below`).
+    /// A latent cache's copies land beside the query rows (`Model::offloaded_latent`). A hybrid
+    /// model, and a latent cache whose header lacks the query's shapes, keep the bound traced
+    /// before: the rows of memory's activations (the FFN phase, or latent attention's; without
+    /// the residual) below the copies, and the weights copied in (`rows_below`).
     pub(super) fn offloaded_attention(&self, host: &HostShare, largest: u64) -> u128 {
         let p = &self.parts;
+        if let Some(q) = self.latent_query.as_ref().filter(|_| !self.any_recurrent()) {
+            return self.offloaded_latent(q, &host.layers);
+        }
         if !self.host_attention_traced() {
             return self.rows_below(host, largest);
         }
@@ -190,7 +194,7 @@ impl Model {
     }
 
     /// The mask layer `i` reads, in bytes; None for a layer without attention.
-    fn mask_of(&self, i: usize) -> Option<u64> {
+    pub(super) fn mask_of(&self, i: usize) -> Option<u64> {
         let p = &self.parts;
         match p.mask_layers.get(i)? {
             Mask::Full => Some(p.mask_full),
@@ -199,11 +203,11 @@ impl Model {
         }
     }
 
-    /// [`Model::offloaded_attention`] for a latent cache or a hybrid model: the rows below, the
-    /// FFN phase's or latent attention's where that is larger (memory's activations; a hybrid's
-    /// scan phase is not among them), then the mask and the copies, with the weight copied in
-    /// (and for a host MoE block, its gate and up experts, both alive below the next
-    /// attention's copies). Over RPC devices given CUDA's offload rule: above where the copies
+    /// [`Model::offloaded_attention`] for a hybrid model (or a latent cache without the query's
+    /// shapes in its header, `latent::Query`): the rows below, the FFN phase's or latent
+    /// attention's where that is larger (memory's activations; a hybrid's scan phase is not
+    /// among them), then the mask and the copies, with the weight copied in (and for a host MoE
+    /// block, its gate and up experts, both alive below the next attention's copies). Over RPC devices given CUDA's offload rule: above where the copies
     /// partly fit in the rows' holes (tests/offload_engine.rs lists each with its bound).
     ///
     /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
