@@ -97,6 +97,12 @@ pub(crate) struct Scan {
     /// 0.05, 3.49, 3.49 and 4.50 MiB above its embeddings, the host at 16.54 MiB wherever its
     /// blocks end; granitehybrid-bench the same above the full mask, 20.54).
     pub host_scan: u128,
+    /// Under op offload, the GPU's rows of a host layer's mamba2 layer, whose scan the host
+    /// runs (`host_scan`): the in-projection, the convolution's input and output, and the
+    /// gate's copy, which takes no hole in the chain (alloc traces over an rpc-server device
+    /// given CUDA's offload rule, b11312: mamba2-bench and granitehybrid-bench 6.55, 3.54, 3.50
+    /// and 3.0 MiB, x's copy for the host in the convolution input's freed place).
+    pub offloaded: u128,
 }
 
 /// ggml's `TENSOR_ALIGNMENT`: the allocator rounds each tensor up to it.
@@ -167,5 +173,6 @@ pub(super) fn scan(hp: &Hp<'_>, tokens: u128, seqs: u128) -> Scan {
         follow,
         gate_spills: opens && gate_spills,
         host_scan,
+        offloaded: input + conv_in + xbc * tokens * 4 + d_inner * tokens * 4,
     }
 }

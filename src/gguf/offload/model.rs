@@ -48,6 +48,9 @@ pub(super) struct Model {
     unfused: Option<Unfused>,
     /// A latent cache's query rows on the first GPU under op offload; None without one.
     latent_query: Option<latent::Query>,
+    /// Each block's weights copied in around a host mamba2 layer (`scan::scan_weights`);
+    /// empty without such layers.
+    scan_weights: Vec<(u64, u64)>,
     /// Whether a device keeps the hole its split's input leaves below the FFN rows
     /// (`Model::keeps_input_hole`).
     input_hole: bool,
@@ -77,6 +80,7 @@ impl Model {
             copied_back: Vec::new(),
             unfused: None,
             latent_query: None,
+            scan_weights: Vec::new(),
             input_hole: false,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
@@ -111,6 +115,9 @@ impl Model {
         (m.last_attention, m.projections, m.copied_back) =
             (rows.last, rows.projections, rows.copied_back);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
+        if m.parts.scan.offloaded > 0 {
+            m.scan_weights = scan::scan_weights(h, n);
+        }
         if m.parts.latent_cache {
             m.latent_query = latent::Query::of(h, m.parts.residual, m.ubatch, n);
         }

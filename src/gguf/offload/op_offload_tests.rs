@@ -317,3 +317,45 @@ fn under_op_offload_a_host_layers_first_latent_cache_copy_takes_the_place_its_qu
     // Every host layer: a later layer's second copy above the mask instead of that output.
     assert_eq!(at(1) - at(4), cache - absorbed);
 }
+
+#[test]
+fn under_op_offload_the_gpu_runs_a_host_mamba2_layers_projections_and_convolution_not_its_scan() {
+    let (h, f) = (mamba2(8).header(), flags(8192, 2));
+    let p = crate::gguf::memory::parts(&h, &f);
+    let (tokens, row) = (512, 4);
+    // The in-projection, the convolution's input (with each slot's 3 state columns) and output,
+    // and the gate's copy; the scan's output and new states stay on the host.
+    let input = (2 * 1536 + 2 * 128 + 24) * tokens * row;
+    let conv = (1536 + 2 * 128) * (tokens + 3 * 2) * row;
+    let offloaded = input + conv + (1536 + 2 * 128) * tokens * row + 1536 * tokens * row;
+    assert_eq!(p.scan.offloaded, offloaded);
+    // Every block on the host: above the layer's input and norm, and its conv state rows (this
+    // model has no in- or out-projection weights to copy in).
+    let all = place(&h, &f, 1, &[1.0]).unwrap();
+    assert_eq!(all.host.layers, 0..8);
+    let rows = 2 * u128::from(p.residual) + p.scan.state_rows + offloaded;
+    let gpu = u128::from(all.devices[0].compute);
+    assert!(
+        (rows..rows + 64 * 1024).contains(&gpu),
+        "{gpu} against {rows}"
+    );
+    // Not memory's fitted scan phase, which holds the scan's output and states too.
+    assert!(gpu < u128::from(p.activations));
+    // Each layer's in-projection weight is copied in below its rows, above the copy of the
+    // block before's out-projection, freed by then: the largest pair sets the peak.
+    let mut hw = mamba2(8).header();
+    let f32s = |il: u64, t: &str, n: u64| crate::gguf::header::TensorInfo {
+        name: format!("blk.{il}.{t}.weight"),
+        dims: vec![64, n],
+        ggml_type: 0,
+        offset: 0,
+    };
+    for il in 0..8 {
+        let out = if il == 3 { 4096 } else { 1024 };
+        hw.tensors
+            .extend([f32s(il, "ssm_in", 1024), f32s(il, "ssm_out", out)]);
+    }
+    let weighted = u128::from(place(&hw, &f, 1, &[1.0]).unwrap().devices[0].compute);
+    let (w_in, w_out) = (64 * 1024 * 4, 64 * 4096 * 4);
+    assert_eq!(weighted - gpu, w_in + w_out - p.scan.state_rows);
+}

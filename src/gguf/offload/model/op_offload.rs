@@ -95,10 +95,26 @@ impl Model {
         } else {
             reads
         };
-        let ffn = self.block_rows()
-            + self.mask_bytes(beside_ffn)
-            + u128::from(p.scaled)
-            + u128::from(largest);
+        let beside = self.mask_bytes(beside_ffn) + u128::from(p.scaled) + u128::from(largest);
+        let ffn = if p.scan.input > 0 && self.runs_scan(&host.layers) {
+            // The host's mamba2 layers run their matrix multiplies here, not memory's fitted
+            // scan phase (the scan's output and new states stay on the host), beside their
+            // blocks' FFN, if any (mamba2's blocks have none). Where the GPU's own first layer
+            // scans after them, its whole chain lands above what they leave: memory's fitted
+            // phase with the weight bounds it (mamba2-bench, half the layers on the host: layer
+            // 4's chain above 4.17 MiB, 22.25 logged, 22.89 counted; alloc trace).
+            let rows = u128::from(p.ffn).saturating_sub(u128::from(p.residual));
+            let ffn = if p.scan.alone { 0 } else { rows + beside };
+            let follows = own.start == host.layers.end && own.clone().any(|il| self.recurrent(il));
+            let own_scan = if follows && self.recurrent(own.start) {
+                self.block_rows() + beside
+            } else {
+                0
+            };
+            ffn.max(self.offloaded_scans(host)).max(own_scan)
+        } else {
+            self.block_rows() + beside
+        };
         let scan = self.own_scan_after_host_block(own, host, held, largest);
         let peak = ffn
             .max(self.offloaded_attention(host, largest))

@@ -4,8 +4,42 @@
 
 use std::ops::Range;
 
-use super::{Model, PIPELINE_COPIES};
+use super::{Home, Model, PIPELINE_COPIES, home};
+use crate::gguf::header::Header;
+use crate::gguf::memory;
 use crate::gguf::offload::{DeviceShare, HostShare};
+
+/// Each block's weights the first GPU copies in around a host layer's mamba2 layer under op
+/// offload: its in-projection (`ssm_in`), and the last its block multiplies by (the FFN's down
+/// projection, else the layer's out-projection, else the attention's output), whose copy the
+/// next block finds freed below its rows.
+pub(super) fn scan_weights(h: &Header, n_layer: usize) -> Vec<(u64, u64)> {
+    let mut w = vec![(0u64, 0u64); n_layer];
+    let mut ranks = vec![0u8; n_layer];
+    for t in &h.tensors {
+        let Home::Layer(il) = home(&t.name, n_layer) else {
+            continue;
+        };
+        let b = memory::tensor_bytes(t).unwrap_or(0);
+        let name = t.name.rsplit_once(".weight").map_or("", |(n, _)| n);
+        let last = match name.rsplit('.').next().unwrap_or_default() {
+            "ssm_in" => {
+                w[il].0 = w[il].0.max(b);
+                continue;
+            }
+            n if n.starts_with("ffn_down") => 3,
+            "ssm_out" => 2,
+            "attn_output" => 1,
+            _ => continue,
+        };
+        if last > ranks[il] {
+            (ranks[il], w[il].1) = (last, b);
+        } else if last == ranks[il] {
+            w[il].1 = w[il].1.max(b);
+        }
+    }
+    w
+}
 
 impl Model {
     /// Whether the host's only block is a mamba2 layer, the whole block, that hands its gate to
@@ -81,6 +115,29 @@ impl Model {
             .recurrent
             .get(il as usize)
             .is_some_and(|b| *b > 0)
+    }
+
+    /// Under op offload, the first GPU's peak while it runs the matrix multiplies and
+    /// convolution of the host's mamba2 layers (`memory::Scan::offloaded`): above the layer's
+    /// input and its norm, with the in-projection's weight copied in, and below them the block
+    /// before's last weight's freed copy, or the first layer's conv state rows (alloc traces over
+    /// an rpc-server device given CUDA's offload rule, `-ngl 1`, b11312: mamba2-bench 21.49 MiB,
+    /// layer 2 above layer 1's 0.60 MiB out-projection, 20.93 in layer 0; granitehybrid-bench
+    /// 21.81, above layer 1's 0.84 MiB down projection). Zero where the host runs none.
+    pub(super) fn offloaded_scans(&self, host: &HostShare) -> u128 {
+        let p = &self.parts;
+        let rows = 2 * u128::from(p.residual) + p.scan.offloaded;
+        host.layers
+            .clone()
+            .filter(|il| self.recurrent(*il))
+            .map(|il| {
+                let weight = |i: u32| self.scan_weights.get(i as usize).copied();
+                let (input, _) = weight(il).unwrap_or_default();
+                let last = il.checked_sub(1).and_then(weight).map_or(0, |(_, w)| w);
+                u128::from(last).max(p.scan.state_rows) + u128::from(input) + rows
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The pipeline's copies of mamba2 rows that cross from one device to the next, by device:
