@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 mod attention;
+mod fused;
 mod home;
 mod host;
 mod latent;
@@ -48,6 +49,8 @@ pub(super) struct Model {
     unfused: Option<Unfused>,
     /// A latent cache's query rows on the first GPU under op offload; None without one.
     latent_query: Option<latent::Query>,
+    /// A fused gate and up projection's rows under op offload; None without one.
+    fused_up: Option<fused::FusedUp>,
     /// Each block's weights copied in around a host mamba2 layer (`scan::scan_weights`);
     /// empty without such layers.
     scan_weights: Vec<(u64, u64)>,
@@ -80,6 +83,7 @@ impl Model {
             copied_back: Vec::new(),
             unfused: None,
             latent_query: None,
+            fused_up: None,
             scan_weights: Vec::new(),
             input_hole: false,
             parts,
@@ -115,6 +119,7 @@ impl Model {
         (m.last_attention, m.projections, m.copied_back) =
             (rows.last, rows.projections, rows.copied_back);
         m.unfused = Unfused::new(h, &m.parts, m.ubatch);
+        m.fused_up = fused::FusedUp::of(h, m.ubatch, n);
         if m.parts.scan.offloaded > 0 {
             m.scan_weights = scan::scan_weights(h, n);
         }

@@ -359,3 +359,37 @@ fn under_op_offload_the_gpu_runs_a_host_mamba2_layers_projections_and_convolutio
     let (w_in, w_out) = (64 * 1024 * 4, 64 * 4096 * 4);
     assert_eq!(weighted - gpu, w_in + w_out - p.scan.state_rows);
 }
+
+#[test]
+fn under_op_offload_a_fused_gate_and_up_projection_runs_above_the_first_attentions_rows() {
+    // phi3's FFN: `ffn_up` twice the FFN's width, no `ffn_gate`; a fused f16 `attn_qkv`.
+    let ff = 8192;
+    let mut m = Model::llama(4, 4 * N_EMBD * 2 * ff + 4 * N_EMBD);
+    m.kv.push(("feed_forward_length", Value::U32(ff as u32)));
+    let mut h = m.header();
+    let qkv = N_EMBD * 3 * N_EMBD * 2;
+    for il in 0..4 {
+        h.tensors.push(crate::gguf::header::TensorInfo {
+            name: format!("blk.{il}.attn_qkv.weight"),
+            dims: vec![N_EMBD, 3 * N_EMBD],
+            ggml_type: 1,
+            offset: 0,
+        });
+    }
+    // A short context, so that the FFN sets the GPU's peak, not the attention's copies.
+    let f = flags(1024, 1);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let one = place(&h, &f, 4, &[1.0]).unwrap();
+    assert_eq!(one.host.layers, 0..1);
+    let (r, up) = (u128::from(p.residual), 512 * 4 * 2 * u128::from(ff));
+    // The first attention's input and query, the mask in the freed place of `attn_qkv`'s copy
+    // (larger), the block's input and norm, the fused rows above `ffn_up`'s copy.
+    let ffn = 4 * r + u128::from(qkv) + up + 4 * u128::from(N_EMBD * 2 * ff);
+    let gpu = u128::from(one.devices[0].compute);
+    assert!((ffn..ffn + 64 * 1024).contains(&gpu), "{gpu} against {ffn}");
+    // Memory's FFN phase, three rows of the FFN's width, counts more.
+    assert!(
+        u128::from(p.activations) - r + u128::from(p.mask_full) + 4 * u128::from(N_EMBD * 2 * ff)
+            > ffn
+    );
+}

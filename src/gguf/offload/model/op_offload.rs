@@ -95,7 +95,8 @@ impl Model {
         } else {
             reads
         };
-        let beside = self.mask_bytes(beside_ffn) + u128::from(p.scaled) + u128::from(largest);
+        let weight = u128::from(p.scaled) + u128::from(largest);
+        let beside = self.mask_bytes(beside_ffn) + weight;
         let ffn = if p.scan.input > 0 && self.runs_scan(&host.layers) {
             // The host's mamba2 layers run their matrix multiplies here, not memory's fitted
             // scan phase (the scan's output and new states stay on the host), beside their
@@ -112,6 +113,8 @@ impl Model {
                 0
             };
             ffn.max(self.offloaded_scans(host)).max(own_scan)
+        } else if let Some(fused) = &self.fused_up {
+            self.offloaded_fused_ffn(fused, &host.layers, self.mask_bytes(beside_ffn)) + weight
         } else {
             self.block_rows() + beside
         };
