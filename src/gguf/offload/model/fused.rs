@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, home};
+use super::{Home, Model, home, kind};
 use crate::gguf::bounds::FEED_FORWARD;
 use crate::gguf::header::Header;
 use crate::gguf::hparams::Hp;
@@ -34,8 +34,7 @@ impl FusedUp {
             let Home::Layer(il) = home(&t.name, n_layer) else {
                 continue;
             };
-            let kind = t.name.rsplit_once(".weight").map_or("", |(n, _)| n);
-            match kind.rsplit('.').next().unwrap_or_default() {
+            match kind(&t.name) {
                 "ffn_gate" => return None,
                 "ffn_up" => {
                     let width = t.dims.get(1).copied().unwrap_or(0);

@@ -63,3 +63,24 @@ pub(super) fn home(name: &str, n_layer: usize) -> Home {
         Home::Input
     }
 }
+
+/// A weight's kind: the part of its name before `.weight` after the block's prefix
+/// (`blk.3.ffn_up.weight`: `ffn_up`); empty for a tensor that is not a weight.
+pub(super) fn kind(name: &str) -> &str {
+    name.strip_suffix(".weight")
+        .and_then(|n| n.rsplit('.').next())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kind;
+
+    #[test]
+    fn a_weights_kind_is_the_last_part_of_its_name() {
+        assert_eq!(kind("blk.3.ffn_up.weight"), "ffn_up");
+        assert_eq!(kind("enc.blk.0.attn_q.weight"), "attn_q");
+        assert_eq!(kind("blk.0.ssm_conv1d.bias"), "");
+        assert_eq!(kind("output.weight"), "output");
+    }
+}

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, home};
+use super::{Home, Model, home, kind};
 use crate::gguf::bounds::{HEAD_COUNT, KEY_LENGTH, KEY_LENGTH_MLA, KV_LORA_RANK, Q_LORA_RANK};
 use crate::gguf::header::Header;
 use crate::gguf::hparams::Hp;
@@ -51,9 +51,7 @@ impl Query {
         };
         let mut weights = vec![0u64; n_layer];
         for t in &h.tensors {
-            let projects = [".attn_q_a.weight", ".attn_q_b.weight", ".attn_q.weight"]
-                .iter()
-                .any(|s| t.name.ends_with(s));
+            let projects = matches!(kind(&t.name), "attn_q_a" | "attn_q_b" | "attn_q");
             if let (true, Home::Layer(il)) = (projects, home(&t.name, n_layer)) {
                 let b = memory::tensor_bytes(t).unwrap_or(0);
                 weights[il] = weights[il].saturating_add(b);

@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, PIPELINE_COPIES, home};
+use super::{Home, Model, PIPELINE_COPIES, home, kind};
 use crate::gguf::header::Header;
 use crate::gguf::memory;
 use crate::gguf::offload::{DeviceShare, HostShare};
@@ -21,8 +21,7 @@ pub(super) fn scan_weights(h: &Header, n_layer: usize) -> Vec<(u64, u64)> {
             continue;
         };
         let b = memory::tensor_bytes(t).unwrap_or(0);
-        let name = t.name.rsplit_once(".weight").map_or("", |(n, _)| n);
-        let last = match name.rsplit('.').next().unwrap_or_default() {
+        let last = match kind(&t.name) {
             "ssm_in" => {
                 w[il].0 = w[il].0.max(b);
                 continue;
