@@ -71,8 +71,8 @@ impl Model {
     }
 
     /// Under op offload, the first GPU's peak while it runs the host's layers, and the masks it
-    /// holds (`Model::first_gpu_masks`): the host blocks' FFN with the weight copied in
-    /// (`largest`), beside the masks copied in for the host (one only the GPU's own layers
+    /// holds (`Model::first_gpu_masks`): the host blocks with the weight copied in
+    /// (`largest`; `Model::host_blocks_here`), beside the masks copied in for the host (one only the GPU's own layers
     /// read comes with them, after it, where their phase is counted: after the host's
     /// attention, or a hybrid's host block, whose FFN's gate and up rows are freed by then;
     /// granitehybrid-bench, one host block, 2:1, 25.22 MiB logged, 26.98 counted beside them),
@@ -96,34 +96,53 @@ impl Model {
             reads
         };
         let weight = u128::from(p.scaled) + u128::from(largest);
-        let beside = self.mask_bytes(beside_ffn) + weight;
-        let ffn = if p.scan.input > 0 && self.runs_scan(&host.layers) {
-            // The host's mamba2 layers run their matrix multiplies here, not memory's fitted
-            // scan phase (the scan's output and new states stay on the host), beside their
-            // blocks' FFN, if any (mamba2's blocks have none). Where the GPU's own first layer
-            // scans after them, its whole chain lands above what they leave: memory's fitted
-            // phase with the weight bounds it (mamba2-bench, half the layers on the host: layer
-            // 4's chain above 4.17 MiB, 22.25 logged, 22.89 counted; alloc trace).
-            let rows = u128::from(p.ffn).saturating_sub(u128::from(p.residual));
-            let ffn = if p.scan.alone { 0 } else { rows + beside };
-            let follows = own.start == host.layers.end && own.clone().any(|il| self.recurrent(il));
-            let own_scan = if follows && self.recurrent(own.start) {
-                self.block_rows() + beside
-            } else {
-                0
-            };
-            ffn.max(self.offloaded_scans(host)).max(own_scan)
-        } else if let Some(fused) = &self.fused_up {
-            self.offloaded_fused_ffn(fused, &host.layers, self.mask_bytes(beside_ffn)) + weight
-        } else {
-            self.block_rows() + beside
-        };
+        let ffn = self.host_blocks_here(own, host, self.mask_bytes(beside_ffn), weight);
         let scan = self.own_scan_after_host_block(own, host, held, largest);
         let peak = ffn
             .max(self.offloaded_attention(host, largest))
             .max(after.unwrap_or(0))
             .max(scan.unwrap_or(0));
         (peak, reads)
+    }
+
+    /// Under op offload, the first GPU's peak while it runs the matrix multiplies of the host's
+    /// blocks, beside the `masks` it holds then and the `weight` copied in (the largest host
+    /// weight, with gemma's scaled embeddings): memory's FFN phase; for mamba2 layers their
+    /// projections and convolution (`Model::offloaded_scans`), beside their blocks' FFN phase,
+    /// if any (mamba2's blocks have none), the scan's output and new states staying on the
+    /// host; for a fused gate and up projection its rows as traced
+    /// (`Model::offloaded_fused_ffn`). Where the GPU's own first layer scans after the host's,
+    /// its whole chain lands above what they leave: memory's fitted phase with the weight bounds
+    /// it (mamba2-bench, half the layers on the host: layer 4's chain above 4.17 MiB, 22.25
+    /// logged, 22.89 counted; alloc trace).
+    fn host_blocks_here(
+        &self,
+        own: &Range<u32>,
+        host: &HostShare,
+        masks: u128,
+        weight: u128,
+    ) -> u128 {
+        let p = &self.parts;
+        let fitted = self.block_rows() + masks + weight;
+        if p.scan.input > 0 && self.runs_scan(&host.layers) {
+            let rows = u128::from(p.ffn).saturating_sub(u128::from(p.residual));
+            let ffn = if p.scan.alone {
+                0
+            } else {
+                rows + masks + weight
+            };
+            let follows = !own.is_empty() && own.start == host.layers.end;
+            let own_scan = if follows && self.recurrent(own.start) {
+                fitted
+            } else {
+                0
+            };
+            ffn.max(self.offloaded_scans(host)).max(own_scan)
+        } else if let Some(fused) = self.fused_up.as_ref().filter(|_| !host.layers.is_empty()) {
+            self.offloaded_fused_ffn(fused, &host.layers, masks) + weight
+        } else {
+            fitted
+        }
     }
 
     /// Under op offload, the first GPU's peak where a hybrid model's host block (a mamba2 layer
