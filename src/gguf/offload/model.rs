@@ -17,7 +17,7 @@ use crate::gguf::bounds::{MAX_SLOTS, MAX_UBATCH};
 use crate::gguf::header::Header;
 use crate::gguf::memory::{self, Flags, Parts, repack};
 use attention::{Unfused, attention_rows};
-use home::{Home, home, kind};
+use home::{Home, each_block_weight, home};
 
 /// Copies of each split's inputs the scheduler keeps when it pipelines several GPUs
 /// (`GGML_SCHED_MAX_COPIES`).

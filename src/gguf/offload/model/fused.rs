@@ -4,11 +4,10 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, home, kind};
+use super::{Model, each_block_weight};
 use crate::gguf::bounds::FEED_FORWARD;
 use crate::gguf::header::Header;
 use crate::gguf::hparams::Hp;
-use crate::gguf::memory;
 
 /// Each block's fused projection, where the model has one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,27 +28,24 @@ impl FusedUp {
             rows: vec![0; n_layer],
             attention: vec![0; n_layer],
         };
-        let mut any = false;
-        for t in &h.tensors {
-            let Home::Layer(il) = home(&t.name, n_layer) else {
-                continue;
-            };
-            match kind(&t.name) {
-                "ffn_gate" => return None,
-                "ffn_up" => {
-                    let width = t.dims.get(1).copied().unwrap_or(0);
-                    let ff = hp.per_layer(&FEED_FORWARD, il as u64).unwrap_or(0);
-                    if ff > 0 && width == 2 * ff {
-                        any = true;
-                        fused.rows[il] = 4 * u128::from(tokens) * u128::from(width);
-                    }
+        let (mut any, mut gated) = (false, false);
+        each_block_weight(h, n_layer, |il, kind, t, b| match kind {
+            "ffn_gate" => gated = true,
+            "ffn_up" => {
+                let width = t.dims.get(1).copied().unwrap_or(0);
+                let ff = hp.per_layer(&FEED_FORWARD, il as u64).unwrap_or(0);
+                if ff > 0 && width == 2 * ff {
+                    any = true;
+                    fused.rows[il] = 4 * u128::from(tokens) * u128::from(width);
                 }
-                "attn_qkv" | "attn_q" | "attn_k" | "attn_v" | "attn_output" => {
-                    let b = memory::tensor_bytes(t).unwrap_or(0);
-                    fused.attention[il] = fused.attention[il].max(b);
-                }
-                _ => {}
             }
+            "attn_qkv" | "attn_q" | "attn_k" | "attn_v" | "attn_output" => {
+                fused.attention[il] = fused.attention[il].max(b);
+            }
+            _ => {}
+        });
+        if gated {
+            return None;
         }
         any.then_some(fused)
     }

@@ -1,6 +1,9 @@
 //! Which part of the model a tensor belongs to, by its name: the input layer, a block, or the
 //! output layer (`llm_tensor_info_mapping`'s layers).
 
+use crate::gguf::header::{Header, TensorInfo};
+use crate::gguf::memory;
+
 /// Tensors of the input layer (`LLM_TENSOR_LAYER_INPUT`): always in host memory.
 const INPUT: [&str; 6] = [
     "token_embd",
@@ -70,6 +73,19 @@ pub(super) fn kind(name: &str) -> &str {
     name.strip_suffix(".weight")
         .and_then(|n| n.rsplit('.').next())
         .unwrap_or_default()
+}
+
+/// Calls `each` with the block, kind (`kind`) and bytes of every tensor of a block.
+pub(super) fn each_block_weight(
+    h: &Header,
+    n_layer: usize,
+    mut each: impl FnMut(usize, &str, &TensorInfo, u64),
+) {
+    for t in &h.tensors {
+        if let Home::Layer(il) = home(&t.name, n_layer) {
+            each(il, kind(&t.name), t, memory::tensor_bytes(t).unwrap_or(0));
+        }
+    }
 }
 
 #[cfg(test)]

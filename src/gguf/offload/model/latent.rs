@@ -4,11 +4,10 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, home, kind};
+use super::{Model, each_block_weight};
 use crate::gguf::bounds::{HEAD_COUNT, KEY_LENGTH, KEY_LENGTH_MLA, KV_LORA_RANK, Q_LORA_RANK};
 use crate::gguf::header::Header;
 use crate::gguf::hparams::Hp;
-use crate::gguf::memory;
 
 /// One ubatch of a latent-attention layer's query rows (f32) on the GPU, in bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,13 +49,11 @@ impl Query {
             roped
         };
         let mut weights = vec![0u64; n_layer];
-        for t in &h.tensors {
-            let projects = matches!(kind(&t.name), "attn_q_a" | "attn_q_b" | "attn_q");
-            if let (true, Home::Layer(il)) = (projects, home(&t.name, n_layer)) {
-                let b = memory::tensor_bytes(t).unwrap_or(0);
+        each_block_weight(h, n_layer, |il, kind, _, b| {
+            if matches!(kind, "attn_q_a" | "attn_q_b" | "attn_q") {
                 weights[il] = weights[il].saturating_add(b);
             }
-        }
+        });
         Some(Query {
             rows: 2 * u128::from(residual)
                 + compressed

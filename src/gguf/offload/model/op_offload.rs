@@ -72,10 +72,11 @@ impl Model {
 
     /// Under op offload, the first GPU's peak while it runs the host's layers, and the masks it
     /// holds (`Model::first_gpu_masks`): the host blocks with the weight copied in
-    /// (`largest`; `Model::host_blocks_here`), beside the masks copied in for the host (one only the GPU's own layers
-    /// read comes with them, after it, where their phase is counted: after the host's
-    /// attention, or a hybrid's host block, whose FFN's gate and up rows are freed by then;
-    /// granitehybrid-bench, one host block, 2:1, 25.22 MiB logged, 26.98 counted beside them),
+    /// (`largest`; `Model::host_blocks_here`), beside the masks copied in for the host (one
+    /// only the GPU's own layers read comes with them, after it, where their phase is counted:
+    /// after the host's attention, or a hybrid's host block, whose FFN's gate and up rows are
+    /// freed by then; granitehybrid-bench, one host block, 2:1, 25.22 MiB logged, 26.98
+    /// counted beside them),
     /// or their attention with its copies (which holds what weights it keeps); then its own
     /// layers' FFN above them, or a hybrid model's own first scan above the mask
     /// (`Model::own_scan_after_host_block`).
@@ -245,8 +246,9 @@ impl Model {
     /// shapes in its header, `latent::Query`): the rows below, the FFN phase's or latent
     /// attention's where that is larger (memory's activations; a hybrid's scan phase is not
     /// among them), then the mask and the copies, with the weight copied in (and for a host MoE
-    /// block, its gate and up experts, both alive below the next attention's copies). Over RPC devices given CUDA's offload rule: above where the copies
-    /// partly fit in the rows' holes (tests/offload_engine.rs lists each with its bound).
+    /// block, its gate and up experts, both alive below the next attention's copies). Over RPC
+    /// devices given CUDA's offload rule: above where the copies partly fit in the rows' holes
+    /// (tests/offload_engine.rs lists each with its bound).
     ///
     /// Where the model has recurrent layers, only the host's last layer, next to the GPU's
     /// run: the hybrid granite model ran its other host layers' attention on the CPU

@@ -4,9 +4,8 @@
 
 use std::ops::Range;
 
-use super::{Home, Model, PIPELINE_COPIES, home, kind};
+use super::{Model, PIPELINE_COPIES, each_block_weight};
 use crate::gguf::header::Header;
-use crate::gguf::memory;
 use crate::gguf::offload::{DeviceShare, HostShare};
 
 /// Each block's weights the first GPU copies in around a host layer's mamba2 layer under op
@@ -16,27 +15,23 @@ use crate::gguf::offload::{DeviceShare, HostShare};
 pub(super) fn scan_weights(h: &Header, n_layer: usize) -> Vec<(u64, u64)> {
     let mut w = vec![(0u64, 0u64); n_layer];
     let mut ranks = vec![0u8; n_layer];
-    for t in &h.tensors {
-        let Home::Layer(il) = home(&t.name, n_layer) else {
-            continue;
-        };
-        let b = memory::tensor_bytes(t).unwrap_or(0);
-        let last = match kind(&t.name) {
+    each_block_weight(h, n_layer, |il, kind, _, b| {
+        let last = match kind {
             "ssm_in" => {
                 w[il].0 = w[il].0.max(b);
-                continue;
+                return;
             }
             n if n.starts_with("ffn_down") => 3,
             "ssm_out" => 2,
             "attn_output" => 1,
-            _ => continue,
+            _ => return,
         };
         if last > ranks[il] {
             (ranks[il], w[il].1) = (last, b);
         } else if last == ranks[il] {
             w[il].1 = w[il].1.max(b);
         }
-    }
+    });
     w
 }
 
@@ -126,11 +121,11 @@ impl Model {
     pub(super) fn offloaded_scans(&self, host: &HostShare) -> u128 {
         let p = &self.parts;
         let rows = 2 * u128::from(p.residual) + p.scan.offloaded;
+        let weight = |i: u32| self.scan_weights.get(i as usize).copied();
         host.layers
             .clone()
             .filter(|il| self.recurrent(*il))
             .map(|il| {
-                let weight = |i: u32| self.scan_weights.get(i as usize).copied();
                 let (input, _) = weight(il).unwrap_or_default();
                 let last = il.checked_sub(1).and_then(weight).map_or(0, |(_, w)| w);
                 u128::from(last).max(p.scan.state_rows) + u128::from(input) + rows
