@@ -360,14 +360,17 @@ fn under_op_offload_the_gpu_runs_a_host_mamba2_layers_projections_and_convolutio
     assert_eq!(weighted - gpu, w_in + w_out - p.scan.state_rows);
 }
 
-#[test]
-fn under_op_offload_a_fused_gate_and_up_projection_runs_above_the_first_attentions_rows() {
-    // phi3's FFN: `ffn_up` twice the FFN's width, no `ffn_gate`; a fused f16 `attn_qkv`.
-    let ff = 8192;
+/// A phi3-shaped model: four blocks, each a fused f16 `attn_qkv` and an `ffn_up` twice the
+/// FFN's width `ff` (f32, or f16 where `f16_up`), no `ffn_gate`.
+fn phi3(ff: u64, f16_up: bool) -> crate::gguf::header::Header {
     let mut m = Model::llama(4, 4 * N_EMBD * 2 * ff + 4 * N_EMBD);
     m.kv.push(("feed_forward_length", Value::U32(ff as u32)));
     let mut h = m.header();
-    let qkv = N_EMBD * 3 * N_EMBD * 2;
+    for t in h.tensors.iter_mut() {
+        if f16_up && t.name.ends_with("ffn_up.weight") {
+            t.ggml_type = 1;
+        }
+    }
     for il in 0..4 {
         h.tensors.push(crate::gguf::header::TensorInfo {
             name: format!("blk.{il}.attn_qkv.weight"),
@@ -376,6 +379,16 @@ fn under_op_offload_a_fused_gate_and_up_projection_runs_above_the_first_attentio
             offset: 0,
         });
     }
+    h
+}
+
+/// `attn_qkv`'s f16 copy in `phi3`.
+const QKV: u128 = (N_EMBD * 3 * N_EMBD * 2) as u128;
+
+#[test]
+fn under_op_offload_a_fused_gate_and_up_projection_runs_above_the_first_attentions_rows() {
+    let ff = 8192;
+    let h = phi3(ff, false);
     // A short context, so that the FFN sets the GPU's peak, not the attention's copies.
     let f = flags(1024, 1);
     let p = crate::gguf::memory::parts(&h, &f);
@@ -384,12 +397,79 @@ fn under_op_offload_a_fused_gate_and_up_projection_runs_above_the_first_attentio
     let (r, up) = (u128::from(p.residual), 512 * 4 * 2 * u128::from(ff));
     // The first attention's input and query, the mask in the freed place of `attn_qkv`'s copy
     // (larger), the block's input and norm, the fused rows above `ffn_up`'s copy.
-    let ffn = 4 * r + u128::from(qkv) + up + 4 * u128::from(N_EMBD * 2 * ff);
+    let ffn = 4 * r + QKV + up + 4 * u128::from(N_EMBD * 2 * ff);
     let gpu = u128::from(one.devices[0].compute);
     assert!((ffn..ffn + 64 * 1024).contains(&gpu), "{gpu} against {ffn}");
     // Memory's FFN phase, three rows of the FFN's width, counts more.
     assert!(
         u128::from(p.activations) - r + u128::from(p.mask_full) + 4 * u128::from(N_EMBD * 2 * ff)
             > ffn
+    );
+}
+
+#[test]
+fn under_op_offload_a_fused_models_later_layer_copies_its_kv_above_its_input_and_query() {
+    // A narrow FFN, so that the host layers' attention sets the first GPU's peak.
+    let h = phi3(512, false);
+    let f = flags(4096, 1);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let (r, q, mask) = (
+        u128::from(p.residual),
+        u128::from(p.query),
+        u128::from(p.mask_full),
+    );
+    // The mask and a query row fit in the place `attn_qkv`'s copy leaves.
+    assert!(mask + q <= QKV);
+    let all = place(&h, &f, 1, &[1.0]).unwrap();
+    assert_eq!(all.host.layers, 0..4);
+    // Below layer 1's copies: the first layer's two rows, the place (the mask and layer 1's
+    // query) and layer 1's input.
+    let later = 3 * r + QKV + u128::from(p.kv[1]);
+    let gpu = u128::from(all.devices[0].compute);
+    assert!(
+        (later..later + 64 * 1024).contains(&gpu),
+        "{gpu} against {later}"
+    );
+    // Not its value copy above the mask, over two rows of the first layer's query.
+    let values_above = 2 * r + 2 * q + mask + u128::from(p.kv[1] + p.kv_values[1]) + q;
+    assert!(values_above > later + 4 * MIB as u128);
+    // One host layer: its output beside the mask too, its copies right above the place.
+    let one = place(&h, &f, 4, &[1.0]).unwrap();
+    assert_eq!(one.host.layers, 0..1);
+    let first = 2 * r + QKV + u128::from(p.kv[0]);
+    let gpu = u128::from(one.devices[0].compute);
+    assert!(
+        (first..first + 64 * 1024).contains(&gpu),
+        "{gpu} against {first}"
+    );
+}
+
+#[test]
+fn under_op_offload_a_fused_models_mask_above_the_copies_lifts_the_ffn_rows_above_it() {
+    // At 8192 cells the mask is larger than `attn_qkv`'s place and lands above the first
+    // layer's copies; the FFN's f16 weight fits in their place, its rows beside it do not.
+    let ff = 5120;
+    let h = phi3(ff, true);
+    let f = flags(8192, 1);
+    let p = crate::gguf::memory::parts(&h, &f);
+    let (r, mask, kv) = (
+        u128::from(p.residual),
+        u128::from(p.mask_full),
+        u128::from(p.kv[0]),
+    );
+    let (rows, weight) = (
+        512 * 4 * 2 * u128::from(ff),
+        u128::from(N_EMBD * 2 * ff * 2),
+    );
+    assert!(mask > QKV && weight <= kv && weight + rows > kv);
+    let all = place(&h, &f, 1, &[1.0]).unwrap();
+    let top = 2 * r + QKV + kv + mask;
+    // The FFN's rows land above the mask; a later layer's value copy, above it too, is smaller.
+    assert!(rows > u128::from(p.kv_values[1]));
+    let gpu = u128::from(all.devices[0].compute);
+    assert!(
+        (top + rows..top + rows + 64 * 1024).contains(&gpu),
+        "{gpu} against {}",
+        top + rows
     );
 }

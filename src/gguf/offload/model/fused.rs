@@ -1,6 +1,7 @@
 //! A fused gate and up projection (phi3's `ffn_up`, twice the FFN's width, and no `ffn_gate`)
 //! on the first GPU under op offload: the rows a host block's FFN makes there, with the weights
-//! copied in around them (`Model::offloaded_fused_ffn`).
+//! copied in around them (`Model::offloaded_fused_ffn`), and where the host's attention, its
+//! fused `attn_qkv` copied in, lays its KV copies and mask (`Model::offloaded_fused_attention`).
 
 use std::ops::Range;
 
@@ -17,6 +18,8 @@ pub(super) struct FusedUp {
     /// The largest attention weight (`attn_qkv`, `attn_q`, `attn_k`, `attn_v`, `attn_output`)
     /// per block, whose copy's freed place the mask copied in after it takes.
     attention: Vec<u64>,
+    /// The fused projection's weight per block, copied in for its product.
+    weight: Vec<u64>,
 }
 
 impl FusedUp {
@@ -27,6 +30,7 @@ impl FusedUp {
         let mut fused = FusedUp {
             rows: vec![0; n_layer],
             attention: vec![0; n_layer],
+            weight: vec![0; n_layer],
         };
         let (mut any, mut gated) = (false, false);
         each_block_weight(h, n_layer, |il, kind, t, b| match kind {
@@ -37,6 +41,7 @@ impl FusedUp {
                 if ff > 0 && width == 2 * ff {
                     any = true;
                     fused.rows[il] = 4 * u128::from(tokens) * u128::from(width);
+                    fused.weight[il] = b;
                 }
             }
             "attn_qkv" | "attn_q" | "attn_k" | "attn_v" | "attn_output" => {
@@ -75,5 +80,74 @@ impl Model {
             attention = attention.max(fused.attention.get(i).copied().unwrap_or(0));
         }
         4 * u128::from(self.parts.residual) + u128::from(attention).max(mask) + rows
+    }
+}
+
+impl Model {
+    /// Under op offload, the first GPU's peak while it runs the attention of the host's
+    /// `layers` in a model with a fused projection (phi3: `attn_qkv`, and `ffn_up`), and what
+    /// the FFN after it puts above it. The first attending layer leaves two rows below (its
+    /// input and query), then the freed place of its attention weight's copy, then its K and V
+    /// copies. Where the mask copied in after them fits that place, it lies there: the first
+    /// attention's output lands above the copies, and a later layer's copies above its input
+    /// and query rows (each row in what the mask leaves of the place, where it fits). Where
+    /// the mask does not fit, it lands above the copies, the output in the weight's place
+    /// (where it fits), and each later layer's value copy above the mask, its rows before it
+    /// having taken the start of the first layer's copies' place; the FFN's weight and rows
+    /// fit in that place below the mask, or land above it.
+    ///
+    /// GGML_ALLOCATOR_DEBUG's layouts over an rpc-server device given CUDA's offload rule,
+    /// `-ngl 1`: phi3-bench at 8192 and 9216 cells, the 4 and 4.5 MiB masks in the 4.59 MiB
+    /// place of `attn_qkv`'s copy (37.85 and 41.35 MiB, the FFN peaking at 47.22 above them),
+    /// at 10240 the 5 MiB mask above the copies at 43.10 and the FFN's 19 MiB rows above it
+    /// (67.10, its weight in the key copy's place), at 14336 layer 1's 24.5 MiB value copy above
+    /// the 7 MiB mask (88.60); phi3-bench with a 512-wide FFN, whose attention sets the peak:
+    /// layer 1's copies above its input and query at 8192 and 9216 cells (39.60 and 43.10),
+    /// above its input only at 4096 (23.85, the query beside the 2 MiB mask; one host layer's
+    /// output there too, 22.10; layer 1 of two host layers fits at 8192, 37.85, counted 39.6 as
+    /// a later layer); phi3-tiny's 4 MiB
+    /// mask above its 2 MiB of copies, the output on top (6.40).
+    pub(super) fn offloaded_fused_attention(&self, fused: &FusedUp, layers: &Range<u32>) -> u128 {
+        let p = &self.parts;
+        let row = u128::from(p.residual);
+        let out = u128::from(p.query);
+        let mut attending = layers.clone().filter_map(|il| {
+            let i = il as usize;
+            Some((i, u128::from(self.mask_of(i)?), u128::from(*p.kv.get(i)?)))
+        });
+        let Some((first, mask, kv)) = attending.next() else {
+            return 0;
+        };
+        let place = u128::from(fused.attention.get(first).copied().unwrap_or(0));
+        let copies = 2 * row + place + kv;
+        let later = attending.map(|(i, _, kv)| (i, kv));
+        if mask <= place {
+            // The output, and a later layer's query, fit beside the mask in the place.
+            let beside = if mask + out <= place { 0 } else { out };
+            let later = later.map(|(_, kv)| 3 * row + place + beside + kv).max();
+            return (copies + beside).max(later.unwrap_or(0));
+        }
+        let top = copies + mask;
+        let output = if out <= place { top } else { top + out };
+        let values = later
+            .map(|(i, _)| top + u128::from(p.kv_values.get(i).copied().unwrap_or(0)))
+            .max();
+        let (mut rows, mut weight) = (0u128, 0u128);
+        for il in layers.clone() {
+            let i = il as usize;
+            rows = rows.max(fused.rows.get(i).copied().unwrap_or(0));
+            weight = weight.max(u128::from(fused.weight.get(i).copied().unwrap_or(0)));
+        }
+        let ffn = top
+            + if weight + rows <= kv {
+                0
+            } else if weight <= kv {
+                rows
+            } else if rows <= kv {
+                weight
+            } else {
+                weight + rows
+            };
+        output.max(values.unwrap_or(0)).max(ffn)
     }
 }

@@ -19,17 +19,18 @@ impl Model {
     /// input, its norm and two query rows (the projection and its roped copy); the weights
     /// copied in for the projections are freed by then and their holes reused
     /// (GGML_ALLOCATOR_DEBUG's layouts over an rpc-server device given CUDA's offload rule,
-    /// llama at 5.51 MiB, phi3 at 37.85 beside its FFN's 47.22, qwen3moe at 6.77 and 26.53 for
-    /// its first layer). A later layer's key copy fits in the first one's holes; its value copy
-    /// fits only where the rows before it land no higher than the first layer's did, which
-    /// the router's rows of a MoE block or a layer's output put higher (qwen3moe at 7.77 and
-    /// 34.53 MiB, qwen2 at 6.01), and where not it lands above the mask: counted for every
-    /// later layer whose cache is no larger than the first's (llama's fitted, 5.51 MiB). A
-    /// larger one (gemma3's global layer after window layers) is counted whole above the
-    /// rows, as its copies do not fit in the first's holes. The attention's output (a query's
-    /// rows) lands on top (phi3, and gemma3 at 1.76 MiB on the first of two devices), or in a
-    /// hole (llama).
+    /// llama at 5.51 MiB, qwen3moe at 6.77 and 26.53 for its first layer). A later layer's key
+    /// copy fits in the first one's holes; its value copy fits only where the rows before it
+    /// land no higher than the first layer's did, which the router's rows of a MoE block or a
+    /// layer's output put higher (qwen3moe at 7.77 and 34.53 MiB, qwen2 at 6.01), and where
+    /// not it lands above the mask: counted for every later layer whose cache is no larger
+    /// than the first's (llama's fitted, 5.51 MiB). A larger one (gemma3's global layer after
+    /// window layers) is counted whole above the rows, as its copies do not fit in the first's
+    /// holes. The attention's output (a query's rows) lands on top (gemma3 at 1.76 MiB on the
+    /// first of two devices), or in a hole (llama).
     ///
+    /// A fused projection's model (phi3) has its own layout, set by where the mask lands
+    /// against the freed place of `attn_qkv`'s copy (`Model::offloaded_fused_attention`).
     /// A latent cache's copies land beside the query rows (`Model::offloaded_latent`). A hybrid
     /// model, and a latent cache whose header lacks the query's shapes, keep the bound traced
     /// before: the rows of memory's activations (the FFN phase, or latent attention's; without
@@ -41,6 +42,9 @@ impl Model {
         }
         if !self.host_attention_traced() {
             return self.rows_below(host, largest);
+        }
+        if let Some(fused) = self.fused_up.as_ref() {
+            return self.offloaded_fused_attention(fused, &host.layers);
         }
         let pre = self.rows_before_copies();
         let out = u128::from(p.query);
