@@ -8,7 +8,7 @@ src/models/<arch>.cpp), and the names come from the gguf-py package shipped
 in the same sdist, so a llama.cpp bump that renames something fails here
 instead of in a cluster test.
 
-    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large|bench|gpu] [--vocab NAME]
+    python3 testbed/gen_gguf.py OUT_DIR [--arch NAME ...] [--size tiny|large|bench|gpu|wide] [--vocab NAME]
 
 Prints one line per file written: "<path> <arch> <size in bytes>".
 
@@ -17,7 +17,8 @@ copies the real tokenizer of the sdist's models/ggml-vocab-NAME.gguf instead (ll
 llama-bpe, qwen2, gemma-4, phi-3, gpt-neox, command-r, ...), and token_embd/output take its
 size: a 262k vocabulary is what makes the output buffer and the logits of a real model big.
 --size bench gives the shapes testbed/quantize_models.py quantizes for bench_memory.py, --size
-gpu those testbed/gpu-check.sh runs on a GPU.
+gpu those testbed/gpu-check.sh runs on a GPU, --size wide four blocks of real widths for the
+op-offload table.
 
 The sdist directory comes from $MODELSERVE_LLAMA_SDIST, or --sdist, or by
 running llama-sdist.sh next to this script (which downloads it once).
@@ -659,6 +660,15 @@ GPU: dict[str, dict] = {
                           ssm_heads=8, d_conv=4),
 }
 
+# Four blocks of real models' widths, for tests/offload_engine.rs's op-offload table: a GPU that
+# runs the host's layers lays their copies, mask and FFN out by the sizes of the weights and rows,
+# which the tiny shapes do not reach (a 1024-wide llama with 4 KV heads of 16, Qwen2.5-1.5B's
+# widths).
+WIDE: dict[str, dict] = {
+    "llama": dict(ctx=4096, n_embd=1024, n_head=16, n_head_kv=4, n_ff=2816, n_layer=4, eps=1e-5),
+    "qwen2": dict(ctx=32768, n_embd=1536, n_head=12, n_head_kv=2, n_ff=8960, n_layer=4, tied=False),
+}
+
 
 # --------------------------------------------------------------------------
 # Writing
@@ -709,9 +719,10 @@ def main() -> None:
     ap.add_argument("out_dir", type=Path)
     ap.add_argument("--arch", action="extend", nargs="+", choices=sorted(ARCHS), metavar="NAME",
                     help=f"architectures to write (default: all of {', '.join(ARCHS)})")
-    ap.add_argument("--size", choices=("tiny", "large", "bench", "gpu"), default="tiny",
+    ap.add_argument("--size", choices=("tiny", "large", "bench", "gpu", "wide"), default="tiny",
                     help="tiny: well under 1 MiB each; large: >= 1 GiB of weights each; "
-                         "bench: the benchmark shapes (see BENCH); gpu: the GPU check's (see GPU)")
+                         "bench: the benchmark shapes (see BENCH); gpu: the GPU check's (see GPU); "
+                         "wide: four blocks of real widths (see WIDE)")
     ap.add_argument("--vocab", metavar="NAME",
                     help="copy the tokenizer of the sdist's models/ggml-vocab-NAME.gguf "
                          "(default: a toy BPE vocab of a few hundred tokens)")
@@ -725,12 +736,15 @@ def main() -> None:
     f16 = args.dtype == "f16"
     args.out_dir.mkdir(parents=True, exist_ok=True)
 
-    archs = list(dict.fromkeys(args.arch or (GPU if args.size == "gpu" else ARCHS)))  # keep order, drop repeats
-    if args.size == "gpu" and any(a not in GPU for a in archs):
-        die(f"--size gpu has shapes for {', '.join(GPU)} only, not {', '.join(a for a in archs if a not in GPU)}")
+    only = {"gpu": GPU, "wide": WIDE}.get(args.size)
+    archs = list(dict.fromkeys(args.arch or (only or ARCHS)))  # keep order, drop repeats
+    if only is not None and any(a not in only for a in archs):
+        die(f"--size {args.size} has shapes for {', '.join(only)} only, "
+            f"not {', '.join(a for a in archs if a not in only)}")
     for arch in archs:
         build, tiny, large = ARCHS[arch]
-        shapes = {"tiny": tiny, "large": large, "bench": BENCH.get(arch), "gpu": GPU.get(arch)}
+        shapes = {"tiny": tiny, "large": large, "bench": BENCH.get(arch), "gpu": GPU.get(arch),
+                  "wide": WIDE.get(arch)}
         c = dict(shapes[args.size], size=args.size)
         plan = Plan(gguf, arch)
         build(plan, c, vocab)

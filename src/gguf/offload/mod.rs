@@ -27,6 +27,8 @@
 //! stands for (its host memory is `Backend::runtime_host`); `-ot`,
 //! `--cpu-moe` and row split; `--no-kv-offload`.
 
+#[cfg(test)]
+mod copies_tests;
 mod fit;
 #[cfg(test)]
 mod hostile_tests;

@@ -5,6 +5,7 @@
 use std::ops::Range;
 
 mod attention;
+mod copies;
 mod fused;
 mod home;
 mod host;
@@ -28,9 +29,11 @@ const OP_OFFLOAD_MIN_BATCH: u64 = 32;
 /// The model's parts by layer, computed once for any number of placements.
 pub(super) struct Model {
     pub(super) n_layer: u32,
-    /// Weights of each block, and its largest tensor.
+    /// Weights of each block, its largest tensor, and its largest attention weight (whose
+    /// copy's freed place a mask copied in after it may take; `copies`).
     weights: Vec<u64>,
     largest: Vec<u64>,
+    attention: Vec<u64>,
     /// Weights of the input layer (and of blocks the model does not have).
     input: u64,
     output: u64,
@@ -57,6 +60,8 @@ pub(super) struct Model {
     /// Whether a device keeps the hole its split's input leaves below the FFN rows
     /// (`Model::keeps_input_hole`).
     input_hole: bool,
+    /// Whether any block's FFN has a gate (`ffn_gate`).
+    gated: bool,
     parts: Parts,
     /// The settings as `memory` bounds them.
     ubatch: u64,
@@ -74,6 +79,7 @@ impl Model {
             n_layer: u32::try_from(n).unwrap_or(0),
             weights: vec![0; n],
             largest: vec![0; n],
+            attention: vec![0; n],
             input: 0,
             output: 0,
             output_largest: 0,
@@ -86,6 +92,7 @@ impl Model {
             fused_up: None,
             scan_weights: Vec::new(),
             input_hole: false,
+            gated: false,
             parts,
             ubatch: f.ubatch.min(MAX_UBATCH),
             parallel: f.parallel.clamp(1, MAX_SLOTS),
@@ -111,6 +118,9 @@ impl Model {
                 Home::Layer(il) => {
                     m.weights[il] = m.weights[il].saturating_add(b);
                     m.largest[il] = m.largest[il].max(b);
+                    if copies::projects_attention(&t.name) {
+                        m.attention[il] = m.attention[il].max(b);
+                    }
                 }
             }
         }
@@ -127,6 +137,7 @@ impl Model {
             m.latent_query = latent::Query::of(h, m.parts.residual, m.ubatch, n);
         }
         m.input_hole = m.keeps_input_hole(gated);
+        m.gated = gated;
         m
     }
 
@@ -396,9 +407,11 @@ impl Model {
             }
             if s.output {
                 // The output layer's rows: outside a pipeline, the last block's output where
-                // blocks run here.
+                // blocks run here; alone here outside a pipeline, only the output norm's rows
+                // copied in (qwen2-wide, 2:1: 0.01 MiB, `norm#0` and the logits; alloc trace).
                 let rows = if blocks && !pipeline { residual } else { 0 };
-                c = c.max(logits + rows + 2 * u128::from(p.out_rows));
+                let outs = if blocks || pipeline { 2 } else { 1 };
+                c = c.max(logits + rows + outs * u128::from(p.out_rows));
             }
             if pipeline {
                 // The first device's four copies of its input lie below its block too, whose

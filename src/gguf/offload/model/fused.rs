@@ -5,6 +5,7 @@
 
 use std::ops::Range;
 
+use super::copies::stack;
 use super::{Model, each_block_weight};
 use crate::gguf::bounds::FEED_FORWARD;
 use crate::gguf::header::Header;
@@ -15,9 +16,6 @@ use crate::gguf::hparams::Hp;
 pub(super) struct FusedUp {
     /// The fused projection's output rows for one ubatch (f32), per block.
     rows: Vec<u128>,
-    /// The largest attention weight (`attn_qkv`, `attn_q`, `attn_k`, `attn_v`, `attn_output`)
-    /// per block, whose copy's freed place the mask copied in after it takes.
-    attention: Vec<u64>,
     /// The fused projection's weight per block, copied in for its product.
     weight: Vec<u64>,
 }
@@ -29,7 +27,6 @@ impl FusedUp {
         let hp = Hp::new(h);
         let mut fused = FusedUp {
             rows: vec![0; n_layer],
-            attention: vec![0; n_layer],
             weight: vec![0; n_layer],
         };
         let (mut any, mut gated) = (false, false);
@@ -43,9 +40,6 @@ impl FusedUp {
                     fused.rows[il] = 4 * u128::from(tokens) * u128::from(width);
                     fused.weight[il] = b;
                 }
-            }
-            "attn_qkv" | "attn_q" | "attn_k" | "attn_v" | "attn_output" => {
-                fused.attention[il] = fused.attention[il].max(b);
             }
             _ => {}
         });
@@ -77,7 +71,7 @@ impl Model {
         for il in layers.clone() {
             let i = il as usize;
             rows = rows.max(fused.rows.get(i).copied().unwrap_or(0));
-            attention = attention.max(fused.attention.get(i).copied().unwrap_or(0));
+            attention = attention.max(self.attention_weight(i));
         }
         4 * u128::from(self.parts.residual) + u128::from(attention).max(mask) + rows
     }
@@ -118,7 +112,7 @@ impl Model {
         let Some((first, mask, kv)) = attending.next() else {
             return 0;
         };
-        let place = u128::from(fused.attention.get(first).copied().unwrap_or(0));
+        let place = u128::from(self.attention_weight(first));
         let copies = 2 * row + place + kv;
         let later = attending.map(|(i, _, kv)| (i, kv));
         if mask <= place {
@@ -138,16 +132,7 @@ impl Model {
             rows = rows.max(fused.rows.get(i).copied().unwrap_or(0));
             weight = weight.max(u128::from(fused.weight.get(i).copied().unwrap_or(0)));
         }
-        let ffn = top
-            + if weight + rows <= kv {
-                0
-            } else if weight <= kv {
-                rows
-            } else if rows <= kv {
-                weight
-            } else {
-                weight + rows
-            };
+        let ffn = top + stack(kv, &[weight, rows]);
         output.max(values.unwrap_or(0)).max(ffn)
     }
 }

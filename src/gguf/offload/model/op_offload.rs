@@ -29,49 +29,63 @@ impl Model {
     /// holes. The attention's output (a query's rows) lands on top (gemma3 at 1.76 MiB on the
     /// first of two devices), or in a hole (llama).
     ///
-    /// A fused projection's model (phi3) has its own layout, set by where the mask lands
-    /// against the freed place of `attn_qkv`'s copy (`Model::offloaded_fused_attention`).
+    /// Where a dense model's mask lies above the first layer's copies, what its FFN puts past
+    /// them and whether a later layer's key copy lands above the mask too follow
+    /// `Model::past_the_copies`; that FFN is then the host blocks' FFN phase, which the bool
+    /// returned says. A fused projection's model (phi3) has its own layout, set by where the
+    /// mask lands against the freed place of `attn_qkv`'s copy
+    /// (`Model::offloaded_fused_attention`).
     /// A latent cache's copies land beside the query rows (`Model::offloaded_latent`). A hybrid
     /// model, and a latent cache whose header lacks the query's shapes, keep the bound traced
     /// before: the rows of memory's activations (the FFN phase, or latent attention's; without
     /// the residual) below the copies, and the weights copied in (`rows_below`).
-    pub(super) fn offloaded_attention(&self, host: &HostShare, largest: u64) -> u128 {
+    pub(super) fn offloaded_attention(&self, host: &HostShare, largest: u64) -> (u128, bool) {
         let p = &self.parts;
         if let Some(q) = self.latent_query.as_ref().filter(|_| !self.any_recurrent()) {
-            return self.offloaded_latent(q, &host.layers);
+            return (self.offloaded_latent(q, &host.layers), false);
         }
         if !self.host_attention_traced() {
-            return self.rows_below(host, largest);
+            return (self.rows_below(host, largest), false);
         }
         if let Some(fused) = self.fused_up.as_ref() {
-            return self.offloaded_fused_attention(fused, &host.layers);
+            return (self.offloaded_fused_attention(fused, &host.layers), false);
         }
-        let pre = self.rows_before_copies();
         let out = u128::from(p.query);
         // Each attending host layer's mask, KV cache and value part.
-        let attending: Vec<(u64, u64, u64)> = host
+        let attending: Vec<(usize, u64, u64, u64)> = host
             .layers
             .clone()
             .filter_map(|il| {
                 let i = il as usize;
                 let values = p.kv_values.get(i).copied().unwrap_or(0);
-                Some((self.mask_of(i)?, *p.kv.get(i)?, values))
+                Some((i, self.mask_of(i)?, *p.kv.get(i)?, values))
             })
             .collect();
-        let first = attending.first().map(|(_, kv, _)| *kv);
-        attending
+        let Some(&(first, mask, kv, _)) = attending.first() else {
+            return (0, false);
+        };
+        let pre = self.rows_before_copies(Some(first));
+        let past = self.past_the_copies(first, mask.into(), kv.into(), largest, &host.layers);
+        let key = past.is_some_and(|past| past.key);
+        let ffn = past.map_or(0, |past| pre + u128::from(mask) + u128::from(kv) + past.ffn);
+        let peak = attending
             .iter()
             .enumerate()
-            .map(|(k, &(mask, kv, values))| {
-                let above = if k > 0 && Some(kv) <= first {
-                    values
-                } else {
-                    0
+            .map(|(k, &(_, mask, own, values))| {
+                let later = k > 0 && own <= kv;
+                // A later layer's copies above the mask, which lies above the first layer's,
+                // leave its output the place below.
+                let (below, above, out) = match (later, key) {
+                    (true, true) => (kv, own, 0),
+                    (true, false) => (own, values, out),
+                    (false, _) => (own, 0, out),
                 };
-                pre + u128::from(mask) + u128::from(kv) + u128::from(above) + out
+                pre + u128::from(mask) + u128::from(below) + u128::from(above) + out
             })
             .max()
             .unwrap_or(0)
+            .max(ffn);
+        (peak, past.is_some())
     }
 
     /// Under op offload, the first GPU's peak while it runs the host's layers, and the masks it
@@ -101,10 +115,16 @@ impl Model {
             reads
         };
         let weight = u128::from(p.scaled) + u128::from(largest);
-        let ffn = self.host_blocks_here(own, host, self.mask_bytes(beside_ffn), weight);
+        let (attention, laid_out) = self.offloaded_attention(host, largest);
+        // Where the host's attention laid out its FFN past the copies, that is its FFN phase.
+        let ffn = if laid_out {
+            0
+        } else {
+            self.host_blocks_here(own, host, self.mask_bytes(beside_ffn), weight)
+        };
         let scan = self.own_scan_after_host_block(own, host, held, largest);
         let peak = ffn
-            .max(self.offloaded_attention(host, largest))
+            .max(attention)
             .max(after.unwrap_or(0))
             .max(scan.unwrap_or(0));
         (peak, reads)
@@ -221,7 +241,7 @@ impl Model {
         {
             return None;
         }
-        Some(self.rows_before_copies() + masks + 2 * u128::from(self.parts.gate))
+        Some(self.rows_before_copies(None) + masks + 2 * u128::from(self.parts.gate))
     }
 
     /// Whether the first GPU's layout around a host layer's attention copies was traced
@@ -230,10 +250,19 @@ impl Model {
         !self.parts.latent_cache && !self.any_recurrent()
     }
 
-    /// The rows the first attending host layer makes on the first GPU before its copies: the
-    /// graph's input, its norm and two query rows (the projection and its roped copy).
-    fn rows_before_copies(&self) -> u128 {
-        2 * u128::from(self.parts.residual) + 2 * u128::from(self.parts.query)
+    /// The rows the first attending host layer (`first`, where known) makes on the first GPU
+    /// before its copies: the graph's input, its norm and two query rows (the projection and
+    /// its roped copy), or one where the roped copy takes the place of the query weight's copy
+    /// (a 1024-wide llama's and a 1536-wide qwen2's, as large as the query or larger: their
+    /// copies above three rows, 6.00 and 9.01 MiB; alloc trace).
+    fn rows_before_copies(&self, first: Option<usize>) -> u128 {
+        let p = &self.parts;
+        let query = u128::from(p.query);
+        let roped = match first {
+            Some(i) if u128::from(self.attention_weight(i)) >= query => 0,
+            _ => query,
+        };
+        2 * u128::from(p.residual) + query + roped
     }
 
     /// The mask layer `i` reads, in bytes; None for a layer without attention.
