@@ -75,9 +75,7 @@ impl Model {
         }
         4 * u128::from(self.parts.residual) + u128::from(attention).max(mask) + rows
     }
-}
 
-impl Model {
     /// Under op offload, the first GPU's peak while it runs the attention of the host's
     /// `layers` in a model with a fused projection (phi3: `attn_qkv`, and `ffn_up`), and what
     /// the FFN after it puts above it. The first attending layer leaves two rows below (its
@@ -99,8 +97,8 @@ impl Model {
     /// layer 1's copies above its input and query at 8192 and 9216 cells (39.60 and 43.10),
     /// above its input only at 4096 (23.85, the query beside the 2 MiB mask; one host layer's
     /// output there too, 22.10; layer 1 of two host layers fits at 8192, 37.85, counted 39.6 as
-    /// a later layer); phi3-tiny's 4 MiB
-    /// mask above its 2 MiB of copies, the output on top (6.40).
+    /// a later layer); phi3-tiny's 4 MiB mask above its 2 MiB of copies, the output on top
+    /// (6.40).
     pub(super) fn offloaded_fused_attention(&self, fused: &FusedUp, layers: &Range<u32>) -> u128 {
         let p = &self.parts;
         let row = u128::from(p.residual);
