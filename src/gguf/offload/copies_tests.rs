@@ -3,9 +3,9 @@
 //! models these headers copy (testbed/alloc-trace.sh over an rpc-server device given CUDA's
 //! offload rule, `-ngl 1` and `-ngl 4`, 2 slots).
 
-use super::tests::MIB;
+use super::tests::{MIB, header_of};
 use super::*;
-use crate::gguf::header::{Value, parse, write};
+use crate::gguf::header::Value;
 
 /// A four-block dense model with f16 weights and a gated FFN, as testbed/gen_gguf.py writes
 /// one (289 tokens): `arch`, its width, heads, KV heads, FFN width, and whether the
@@ -50,12 +50,7 @@ fn dense(arch: &str, n_embd: u64, heads: u32, kv_heads: u32, ff: u64, bias: bool
         tensors.push((b("ffn_up.weight"), vec![n_embd, ff], 1));
         tensors.push((b("ffn_down.weight"), vec![ff, n_embd], 1));
     }
-    let kv_refs: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    let t_refs: Vec<(&str, &[u64], u32)> = tensors
-        .iter()
-        .map(|(n, d, t)| (n.as_str(), d.as_slice(), *t))
-        .collect();
-    parse(&write::header(&kv_refs, &t_refs), true).unwrap()
+    header_of(&kv, &tensors)
 }
 
 /// Asserts that the first GPU's compute buffer at `ctx` cells of 2 slots and `-ngl ngl` is
