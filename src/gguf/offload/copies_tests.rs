@@ -3,9 +3,19 @@
 //! models these headers copy (testbed/alloc-trace.sh over an rpc-server device given CUDA's
 //! offload rule, `-ngl 1` and `-ngl 4`, 2 slots).
 
-use super::tests::{MIB, header_of};
+use super::tests::MIB;
 use super::*;
-use crate::gguf::header::Value;
+use crate::gguf::header::{Value, parse, write};
+
+/// A header of these metadata keys and tensors (name, dimensions, ggml type).
+pub(super) fn header_of(kv: &[(String, Value)], tensors: &[(String, Vec<u64>, u32)]) -> Header {
+    let kv_refs: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let t_refs: Vec<(&str, &[u64], u32)> = tensors
+        .iter()
+        .map(|(n, d, t)| (n.as_str(), d.as_slice(), *t))
+        .collect();
+    parse(&write::header(&kv_refs, &t_refs), true).unwrap()
+}
 
 /// A four-block dense model with f16 weights and a gated FFN, as testbed/gen_gguf.py writes
 /// one (289 tokens): `arch`, its width, heads, KV heads, FFN width, and whether the

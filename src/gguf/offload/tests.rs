@@ -1,5 +1,6 @@
 //! The placement against the engine's rules, on headers built by hand.
 
+use super::copies_tests::header_of;
 use super::inputs_tests::inputs;
 use super::op_offload_tests::op_offload_peak;
 use super::*;
@@ -99,16 +100,6 @@ impl Model {
         }
         header_of(&kv, &tensors)
     }
-}
-
-/// A header of these metadata keys and tensors (name, dimensions, ggml type).
-pub(super) fn header_of(kv: &[(String, Value)], tensors: &[(String, Vec<u64>, u32)]) -> Header {
-    let kv_refs: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    let t_refs: Vec<(&str, &[u64], u32)> = tensors
-        .iter()
-        .map(|(n, d, t)| (n.as_str(), d.as_slice(), *t))
-        .collect();
-    parse(&write::header(&kv_refs, &t_refs), true).unwrap()
 }
 
 const EMBD_BYTES: u64 = N_EMBD * VOCAB * 2;
