@@ -4,10 +4,8 @@
 //! copies, each fit in the copies' freed place below the mask or land above it
 //! (`Model::past_the_copies`).
 
-use std::ops::Range;
-
-use super::Model;
 use super::home::kind;
+use super::{HostShare, Model};
 
 /// Whether a weight is one of a block's attention projections.
 pub(super) fn projects_attention(name: &str) -> bool {
@@ -49,13 +47,14 @@ impl Model {
     /// Under op offload, for a dense model whose FFN has a gate, what the first GPU puts past
     /// the first attending host layer (`first`) once the `mask` copied in for it, larger than
     /// the place that layer's attention weight leaves (less the roped query, where that takes
-    /// it), lies above its `kv` bytes of K and V copies. Into the copies' freed place go, each where the rest of it holds it, the
-    /// attention's output row, the largest weight copied in (`largest`), the gate rows and the
-    /// up rows; the others land above the mask. The FFN's output, which the next layer reads,
-    /// then lies where the gate rows did: where it leaves no half of the place whole, a later
-    /// layer's key copy lands above the mask too. None where the mask fits the weight's place,
-    /// the FFN has no gate, experts run on the host, sliding-window layers have a mask of their
-    /// own, or scaled embeddings are alive beside the first block.
+    /// it), lies above its `kv` bytes of K and V copies. Into the copies' freed place go, each
+    /// where the rest of it holds it, the attention's output row, the largest weight copied in
+    /// (`largest`), the gate rows and the up rows; the others land above the mask. The FFN's
+    /// output, which the next layer reads, then lies where the gate rows did: where it leaves
+    /// no half of the place whole, a later layer's key copy lands above the mask too. None
+    /// where the mask fits the weight's place, the FFN has no gate, experts run on the host,
+    /// sliding-window layers have a mask of their own, or scaled embeddings are alive beside
+    /// the first block.
     ///
     /// GGML_ALLOCATOR_DEBUG's layouts over an rpc-server device given CUDA's offload rule,
     /// `-ngl 1`: a 1024-wide llama at 16384 cells (16 MiB of copies, the 8 MiB mask above them
@@ -71,11 +70,11 @@ impl Model {
         mask: u128,
         kv: u128,
         largest: u64,
-        host: &Range<u32>,
+        host: &HostShare,
     ) -> Option<Past> {
         let p = &self.parts;
         let (gate, query) = (u128::from(p.gate), u128::from(p.query));
-        let experts = !host.is_empty() && p.moe_tail > 0 && u64::from(host.end) > p.dense_lead;
+        let experts = self.moe(host);
         // The roped query takes the weight's place where it fits (`rows_before_copies`).
         let place = u128::from(self.attention_weight(first));
         let place = if place >= query { place - query } else { place };

@@ -65,7 +65,7 @@ impl Model {
             return (0, false);
         };
         let pre = self.rows_before_copies(Some(first));
-        let past = self.past_the_copies(first, mask.into(), kv.into(), largest, &host.layers);
+        let past = self.past_the_copies(first, mask.into(), kv.into(), largest, host);
         let key = past.is_some_and(|past| past.key);
         let ffn = past.map_or(0, |past| pre + u128::from(mask) + u128::from(kv) + past.ffn);
         let peak = attending
