@@ -48,6 +48,16 @@ impl FusedUp {
         }
         any.then_some(fused)
     }
+
+    /// The largest fused rows and weight among `layers` (0 for blocks the model does not have).
+    fn largest(&self, layers: &Range<u32>) -> (u128, u128) {
+        layers.clone().fold((0, 0), |(rows, weight), il| {
+            let i = il as usize;
+            let r = self.rows.get(i).copied().unwrap_or(0);
+            let w = u128::from(self.weight.get(i).copied().unwrap_or(0));
+            (rows.max(r), weight.max(w))
+        })
+    }
 }
 
 impl Model {
@@ -67,12 +77,12 @@ impl Model {
         layers: &Range<u32>,
         mask: u128,
     ) -> u128 {
-        let (mut rows, mut attention) = (0u128, 0u64);
-        for il in layers.clone() {
-            let i = il as usize;
-            rows = rows.max(fused.rows.get(i).copied().unwrap_or(0));
-            attention = attention.max(self.attention_weight(i));
-        }
+        let (rows, _) = fused.largest(layers);
+        let attention = layers
+            .clone()
+            .map(|il| self.attention_weight(il as usize))
+            .max()
+            .unwrap_or(0);
         4 * u128::from(self.parts.residual) + u128::from(attention).max(mask) + rows
     }
 
@@ -124,12 +134,7 @@ impl Model {
         let values = later
             .map(|(i, _)| top + u128::from(p.kv_values.get(i).copied().unwrap_or(0)))
             .max();
-        let (mut rows, mut weight) = (0u128, 0u128);
-        for il in layers.clone() {
-            let i = il as usize;
-            rows = rows.max(fused.rows.get(i).copied().unwrap_or(0));
-            weight = weight.max(u128::from(fused.weight.get(i).copied().unwrap_or(0)));
-        }
+        let (rows, weight) = fused.largest(layers);
         let ffn = top + stack(kv, &[weight, rows]);
         output.max(values.unwrap_or(0)).max(ffn)
     }
