@@ -5,9 +5,9 @@
 //! Place reports, in the scheduler's words, a second model wanting the same GPUs (and which pod
 //! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
 //! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
-//! memory, a time-sliced share by its part of the GPU, and a replica of two shares is refused. A
-//! node whose replicas label is no count is left out, named with that label in Check's message,
-//! and the scheduler keeps the pod off it.
+//! memory, a time-sliced share by its part of the GPU, a GKE node without GFD by the memory of its
+//! accelerator, and a replica of two shares is refused. A node whose replicas label is no count
+//! is left out, named with that label in Check's message, and the scheduler keeps the pod off it.
 //!
 //! The GPUs are MiB, not GiB: the pipeline mirrors the model before it is placed, so the model is
 //! the test bed's small one, and the GPUs are sized to it. The same decision at GiB sizes (a model
@@ -106,6 +106,19 @@ fn shared_node(name: &str, pool: &str, mib: u64, replicas: u32) -> serde_json::V
 
 /// The resource of the time-sliced shares of `shared_node`.
 const SHARED: &str = "nvidia.com/gpu.shared";
+
+/// A kwok node as GKE makes one of a T4 with its own device plugin and no GFD: the accelerator
+/// named in `cloud.google.com/gke-accelerator`, no label of its memory or driver.
+fn gke_node(name: &str, pool: &str) -> serde_json::Value {
+    let mut node = gpu_node(name, pool, 1, 0, 12);
+    let labels = node["metadata"]["labels"].as_object_mut().unwrap();
+    labels.retain(|k, _| !k.starts_with("nvidia.com/"));
+    labels.insert(
+        "cloud.google.com/gke-accelerator".into(),
+        "nvidia-tesla-t4".into(),
+    );
+    node
+}
 
 /// A kwok node with GFD's labels of `gpus` GPUs of `mib` MiB, and no GPU resource yet.
 fn whole_gpus(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
@@ -250,6 +263,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         format!("{pool}-shared"),
     );
     let unknown = format!("{pool}-unknown");
+    let (gke_pool, gke) = (format!("{pool}-gke"), format!("{pool}-gke-t4"));
     let nodes = GpuNodes {
         tb: &tb,
         names: vec![
@@ -260,6 +274,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
             mig.clone(),
             shared.clone(),
             unknown.clone(),
+            gke.clone(),
         ],
     };
     // One GPU of 512 MiB cut into two slices of 64 MiB, one time-sliced four ways, and a node of
@@ -270,6 +285,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         mig_node(&mig, &pool, (1, 512), (2, 64)),
         shared_node(&shared, &pool, 512, 4),
         unknown_node,
+        gke_node(&gke, &gke_pool),
     ] {
         let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
         assert!(applied.status.success(), "{applied:?}");
@@ -412,6 +428,23 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     assert_eq!(check.gpu_shared_by, [4]);
     assert!(
         affinity.contains("\"nvidia.com/gpu.replicas\"") && affinity.contains("\"511\""),
+        "{affinity}"
+    );
+    // A GKE node without GFD: sized by its accelerator, which Check's message says it assumed,
+    // and the replica's affinity admits by name.
+    let (check, affinity) = alone(&api, &pods, ("gke", &gke_pool), ("nvidia.com/gpu", &gke)).await;
+    assert_eq!(check.gpu_memory_bytes, Some(15360 << 20));
+    assert_eq!(check.gke_accelerators, ["nvidia-tesla-t4"]);
+    assert_eq!(check.devices[0].product.as_deref(), Some("nvidia-tesla-t4"));
+    assert!(
+        check.basis.as_deref().is_some_and(|b| b.contains(
+            "memory of their cloud.google.com/gke-accelerator (nvidia-tesla-t4 15.0 GiB)"
+        )),
+        "{check:#?}"
+    );
+    assert!(
+        affinity.contains("\"cloud.google.com/gke-accelerator\"")
+            && affinity.contains("\"nvidia-tesla-t4\""),
         "{affinity}"
     );
     // Two of those shares may be one GPU: a replica of two GPUs is refused there, saying why.

@@ -168,6 +168,9 @@ pub struct CheckStatus {
     /// How many pods share each GPU (the device plugin's time-slicing or MPS, GFD's replicas label) on the nodes the placement holds on, each count once; 1 for GPUs not shared. gpuMemoryBytes is a GPU's memory divided by it, and replicas go only to nodes whose GPUs give each pod at least that.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_shared_by: Vec<i32>,
+    /// GKE accelerators (cloud.google.com/gke-accelerator) of the nodes the placement holds on whose GPUs no GPU Feature Discovery label sizes: their memory is what modelserve knows of the model, and replicas go to nodes of these too where each pod's share of a GPU is at least gpuMemoryBytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gke_accelerators: Vec<String>,
     /// With a GPU accelerator: what each GPU of a replica holds, by llama.cpp's placement rules. memoryBytes is then the host part alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<DeviceStatus>,

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
-use crate::pipeline::check::gpu::{MOST_SHARED_BY, memory_label, sharing_label};
+use crate::pipeline::check::gpu::{MOST_SHARED_BY, gke, memory_label, sharing_label};
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
 /// off because the operator decided them. The flag is known from this build (the newest read
@@ -58,6 +58,8 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// or MPS) gives each a Nth, which the scheduler cannot divide: one term per sharing count the
 /// Check stage planned over, each asking N times the memory of a GPU shared that way, and GPUs
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
+/// Where the placement also held on GKE nodes that GFD does not label, terms naming the GKE
+/// accelerators whose known memory is enough for each sharing count.
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
     if engine.gpu_memory.is_some() {
@@ -77,34 +79,32 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     }
     by.sort_unstable();
     by.dedup();
-    let term = |by: u64, sharing: NodeSelectorRequirement| {
+    let gfd = |by: u64| {
         let mib = memory.saturating_mul(by).div_ceil(1 << 20);
-        NodeSelectorTerm {
-            match_expressions: Some(vec![
-                NodeSelectorRequirement {
-                    key: key.clone(),
-                    operator: "Gt".into(),
-                    values: Some(vec![mib.saturating_sub(1).to_string()]),
-                },
-                sharing,
-            ]),
-            ..Default::default()
-        }
-    };
-    let sharing = |operator: &str, values: Option<Vec<String>>| NodeSelectorRequirement {
-        key: shared.clone(),
-        operator: operator.into(),
-        values,
+        vec![requirement(
+            &key,
+            "Gt",
+            &[mib.saturating_sub(1).to_string()],
+        )]
     };
     let mut terms = Vec::new();
-    for n in by {
-        if n == 1 {
-            // GFD labels 1 when the plugin shares nothing, 0 when sharing is off; older ones
-            // no label at all.
-            terms.push(term(1, sharing("DoesNotExist", None)));
-            terms.push(term(1, sharing("In", Some(vec!["0".into(), "1".into()]))));
-        } else {
-            terms.push(term(n, sharing("In", Some(vec![n.to_string()]))));
+    for n in &by {
+        // GFD labels 1 when the plugin shares nothing, 0 when sharing is off; older ones no
+        // label at all.
+        terms.extend(shared_terms(gfd(*n), &shared, *n));
+    }
+    if resource == gke::RESOURCE {
+        for n in &by {
+            let names = gke::at_least(&check.gke_accelerators, memory, *n);
+            if names.is_empty() {
+                continue;
+            }
+            let node = vec![
+                requirement(gke::ACCELERATOR, "In", &names),
+                requirement(&key, "DoesNotExist", &[]),
+                requirement(gke::PARTITION, "DoesNotExist", &[]),
+            ];
+            terms.extend(shared_terms(node, gke::SHARED_CLIENTS, *n));
         }
     }
     Some(Affinity {
@@ -116,6 +116,35 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
         }),
         ..Default::default()
     })
+}
+
+fn requirement(key: &str, operator: &str, values: &[String]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: operator.into(),
+        values: (!values.is_empty()).then(|| values.to_vec()),
+    }
+}
+
+/// The terms of `node` on GPUs shared by `n` pods, as the label `shared` counts them: for one,
+/// with no such label or one of 0 or 1.
+fn shared_terms(node: Vec<NodeSelectorRequirement>, shared: &str, n: u64) -> Vec<NodeSelectorTerm> {
+    let term = |sharing: NodeSelectorRequirement| {
+        let mut all = node.clone();
+        all.push(sharing);
+        NodeSelectorTerm {
+            match_expressions: Some(all),
+            ..Default::default()
+        }
+    };
+    if n == 1 {
+        vec![
+            term(requirement(shared, "DoesNotExist", &[])),
+            term(requirement(shared, "In", &["0".into(), "1".into()])),
+        ]
+    } else {
+        vec![term(requirement(shared, "In", &[n.to_string()]))]
+    }
 }
 
 /// Adds the GPU resource to the container's requests and limits (an extended resource is
@@ -288,5 +317,70 @@ mod tests {
                 vec!["7".into()]
             )]
         );
+    }
+
+    #[test]
+    fn gke_nodes_without_gfd_are_admitted_by_accelerators_large_enough() {
+        // Planned on 11 GiB over an L4 (22.5 GiB) shared two ways and a T4 (15 GiB) alone.
+        let cuda = engine(serde_json::json!({"accelerator": "cuda"}));
+        let mut c = placed(33, None, 11 << 30);
+        c.gpu_shared_by = vec![2, 1];
+        c.gke_accelerators = vec!["nvidia-l4".into(), "nvidia-tesla-t4".into()];
+        let a = affinity(&cuda, &c).unwrap();
+        let all = a
+            .node_affinity
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .unwrap()
+            .node_selector_terms;
+        // GFD's three terms as before, then GKE's: unshared (no label, or 0 or 1) for either
+        // model, and two ways for the L4 alone: a T4's half is 7.5 GiB.
+        assert_eq!(all.len(), 6);
+        let gke: Vec<Vec<(String, String, Vec<String>)>> = all[3..]
+            .iter()
+            .map(|t| {
+                t.match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|r| {
+                        let values = r.values.clone().unwrap_or_default();
+                        (r.key.clone(), r.operator.clone(), values)
+                    })
+                    .collect()
+            })
+            .collect();
+        let node = |names: &[&str]| {
+            vec![
+                (
+                    gke::ACCELERATOR.to_string(),
+                    "In".to_string(),
+                    names.iter().map(|n| n.to_string()).collect(),
+                ),
+                (NVIDIA_MEMORY.into(), "DoesNotExist".into(), vec![]),
+                (gke::PARTITION.into(), "DoesNotExist".into(), vec![]),
+            ]
+        };
+        let with = |names: &[&str], op: &str, values: &[&str]| {
+            let mut t = node(names);
+            let values = values.iter().map(|v| v.to_string()).collect();
+            t.push((gke::SHARED_CLIENTS.into(), op.into(), values));
+            t
+        };
+        assert_eq!(
+            gke,
+            [
+                with(&["nvidia-l4", "nvidia-tesla-t4"], "DoesNotExist", &[]),
+                with(&["nvidia-l4", "nvidia-tesla-t4"], "In", &["0", "1"]),
+                with(&["nvidia-l4"], "In", &["2"]),
+            ]
+        );
+        // Without GKE nodes in the placement, or for another resource, no GKE term.
+        c.gke_accelerators.clear();
+        assert_eq!(terms(affinity(&cuda, &c).unwrap()).len(), 3);
+        let mut c = placed(33, None, 4 << 30);
+        c.gke_accelerators = vec!["nvidia-l4".into()];
+        let shared = engine(
+            serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/gpu.shared"}),
+        );
+        assert_eq!(terms(affinity(&shared, &c).unwrap()).len(), 2);
     }
 }

@@ -13,6 +13,7 @@ use crate::gguf::memory::Flags;
 use crate::gguf::offload::{self, Decision, Device, Placement};
 use crate::units::human_bytes;
 
+pub mod gke;
 mod nodes;
 mod request;
 
@@ -30,6 +31,9 @@ pub struct Plan {
     pub memory: u64,
     /// Whether that figure is a node label (node affinity can require it).
     pub labelled: bool,
+    /// The GKE accelerators of the nodes in `nodes` whose GPU memory is what modelserve knows
+    /// of the model, GFD labelling none, in name order.
+    pub gke: Vec<String>,
     pub product: Option<String>,
     pub nodes: Vec<String>,
     /// How many pods share each GPU (time-slicing or MPS) on those nodes, each count once: the
@@ -203,6 +207,20 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             sharing_label(&req.resource).unwrap_or_default()
         );
     }
+    let mut gke: Vec<String> = chosen.iter().filter_map(|n| n.gke.clone()).collect();
+    gke.sort_unstable();
+    gke.dedup();
+    if !gke.is_empty() {
+        let known: Vec<String> = gke
+            .iter()
+            .map(|g| format!("{g} {}", human_bytes(gke::memory_mib(g).unwrap_or(0) << 20)))
+            .collect();
+        message = format!(
+            "{message}; GKE nodes that GPU Feature Discovery does not label are taken to have the memory of their {} ({}): set engine.gpuMemory where a pod gets less",
+            gke::ACCELERATOR,
+            known.join(", ")
+        );
+    }
     if !unknown.is_empty() {
         message = format!(
             "{message}; nodes whose GPU memory is not known are left out ({unknown}): set engine.gpuMemory to count them"
@@ -212,6 +230,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         placement: decision.placement().clone(),
         memory: class.memory,
         labelled: class.labelled,
+        gke,
         product: class.product.clone(),
         nodes: chosen.iter().map(|n| n.node.clone()).collect(),
         shared_by,
@@ -298,6 +317,7 @@ mod tests {
             memory: memory.ok_or_else(|| "no nvidia.com/gpu.memory label".to_string()),
             shared_by: 1,
             labelled: memory.is_some(),
+            gke: None,
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
             host_memory: 64 * GIB,
@@ -315,6 +335,47 @@ mod tests {
             margin: GIB,
             cuda_major: Some(12),
         }
+    }
+
+    #[test]
+    fn a_placement_on_gke_nodes_says_whose_memory_it_assumed() {
+        // About 10 GiB of weights: a GKE L4 without GFD holds them; a GFD-labelled 8 GiB GPU
+        // does not.
+        let h = model(16, 6 * GIB / 10);
+        let mut l4 = node("gke-l4", 1, Some(23034 << 20), None);
+        l4.gke = Some("nvidia-l4".into());
+        l4.product = Some("nvidia-l4".into());
+        let nodes = [node("small", 1, Some(8 * GIB), Some(12)), l4];
+        let p = plan(&h, &flags(), &nodes, &request(1)).unwrap();
+        assert!(p.placement.full(), "{}", p.message);
+        assert_eq!(
+            (p.nodes.clone(), p.gke.clone()),
+            (vec!["gke-l4".into()], vec!["nvidia-l4".into()])
+        );
+        assert!(
+            p.message.ends_with(
+                "; GKE nodes that GPU Feature Discovery does not label are taken to have the \
+                 memory of their cloud.google.com/gke-accelerator (nvidia-l4 22.5 GiB): set \
+                 engine.gpuMemory where a pod gets less"
+            ),
+            "{}",
+            p.message
+        );
+        // A small model planned on the 8 GiB GPU may go to the L4 too, which the message says.
+        let small = model(4, GIB / 10);
+        let p = plan(&small, &flags(), &nodes, &request(1)).unwrap();
+        assert_eq!(p.nodes, ["small", "gke-l4"]);
+        assert_eq!(
+            (p.memory, p.gke.clone()),
+            (8 * GIB, vec!["nvidia-l4".into()])
+        );
+        // Without GKE nodes, no word of GKE.
+        let p = plan(&small, &flags(), &nodes[..1], &request(1)).unwrap();
+        assert!(
+            p.gke.is_empty() && !p.message.contains("GKE"),
+            "{}",
+            p.message
+        );
     }
 
     #[test]

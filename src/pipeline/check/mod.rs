@@ -288,6 +288,7 @@ pub async fn inspect(
                 (plan.placement.devices.len() > 1).then(|| plan.placement.tensor_split_arg());
             status.gpu_memory_bytes = Some(i(plan.memory));
             status.gpu_shared_by = plan.shared_by.iter().map(|n| *n as i32).collect();
+            status.gke_accelerators = plan.gke.clone();
             status.devices = plan.devices();
             status.basis = Some(plan.message.clone());
         }

@@ -261,6 +261,7 @@ mod tests {
             memory: memory.ok_or_else(|| "no nvidia.com/gpu.memory label".to_string()),
             shared_by: 1,
             labelled: memory.is_some(),
+            gke: None,
             product: None,
             driver_major: None,
             host_memory: 0,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::Request;
+use super::{Request, gke};
 use crate::units::parse_quantity;
 
 /// GPU Feature Discovery's labels: memory of one GPU in MiB, its model, the driver's CUDA major.
@@ -68,6 +68,8 @@ pub struct NodeGpus {
     pub shared_by: u32,
     /// Whether `memory` came from the node's own label (node affinity can select on it).
     pub labelled: bool,
+    /// The GKE accelerator whose known memory `memory` is, on a node GFD does not label.
+    pub gke: Option<String>,
     pub product: Option<String>,
     pub driver_major: Option<u32>,
     /// Allocatable host memory.
@@ -119,13 +121,14 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                     .and_then(|q| parse_quantity(&q.0))
             };
             let shared_by = shared_by(labels, &req.resource);
-            let labelled = label_memory(labels, &req.resource)
-                .and_then(|m| Ok(m / u64::from(shared_by.clone()?)));
+            let (whole, gke) = gpu_memory(labels, &req.resource);
+            let labelled = whole.and_then(|m| Ok(m / u64::from(shared_by.clone()?)));
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
                 shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_ok(),
+                gke: gke.filter(|_| req.memory.is_none() && labelled.is_ok()),
                 memory: req.memory.map_or(labelled, Ok),
                 product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
@@ -135,15 +138,32 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
         .collect()
 }
 
+/// One GPU's memory from the node's labels, and on a GKE node that GFD does not label, the
+/// accelerator whose memory it is.
+fn gpu_memory(
+    labels: &BTreeMap<String, String>,
+    resource: &str,
+) -> (Result<u64, String>, Option<String>) {
+    let labelled = label_memory(labels, resource);
+    if labelled.is_ok() || labels.contains_key(NVIDIA_MEMORY) {
+        return (labelled, None);
+    }
+    match gke::label_memory(labels, resource) {
+        Some(Ok((memory, name))) => (Ok(memory), Some(name)),
+        Some(Err(why)) => (Err(why), None),
+        None => (labelled, None),
+    }
+}
+
 /// How many pods share each unit of `resource` on the node: 1 without the label (or with GFD's 0
-/// when sharing is off); what the label says instead when it is not a count up to
-/// [`MOST_SHARED_BY`].
+/// when sharing is off), GKE's where GFD does not say; what the label says instead when it is
+/// not a count up to [`MOST_SHARED_BY`].
 fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Result<u32, String> {
     let Some(key) = sharing_label(resource) else {
         return Ok(1);
     };
     let Some(v) = labels.get(&key) else {
-        return Ok(1);
+        return gke::shared_by(labels, resource).unwrap_or(Ok(1));
     };
     match v.parse::<u32>() {
         Ok(0) => Ok(1),
@@ -238,6 +258,7 @@ fn product(labels: &BTreeMap<String, String>, resource: &str) -> Option<String> 
     let gpu = labels
         .get(NVIDIA_PRODUCT)
         .or_else(|| labels.get(AMD_PRODUCT))
+        .or_else(|| labels.get(gke::ACCELERATOR))
         .cloned();
     match resource.strip_prefix(MIG_PREFIX) {
         Some(profile) => Some(format!("{}-MIG-{profile}", gpu.as_deref().unwrap_or("GPU"))),
@@ -446,6 +467,48 @@ mod tests {
             Some("nvidia.com/gpu.replicas")
         );
         assert_eq!(sharing_label("amd.com/gpu"), None);
+    }
+
+    #[test]
+    fn a_gke_node_without_gfd_is_sized_by_its_accelerator_and_gfd_wins_where_it_labels() {
+        let gpu = "nvidia.com/gpu";
+        let names = ["n".to_string()];
+        let gke_node = |labels: serde_json::Value, count: u32| -> Arc<Node> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "n", "labels": labels},
+                    "status": {"allocatable": {gpu: count.to_string(), "memory": "64Gi"}},
+                }))
+                .unwrap(),
+            )
+        };
+        let l4 = serde_json::json!({gke::ACCELERATOR: "nvidia-l4"});
+        let n = node_gpus(&[gke_node(l4.clone(), 1)], &names, &request(gpu, None)).remove(0);
+        assert_eq!((n.memory, n.shared_by), (Ok(23034 << 20), 1));
+        assert!(n.labelled);
+        assert_eq!(n.gke.as_deref(), Some("nvidia-l4"));
+        assert_eq!(n.product.as_deref(), Some("nvidia-l4"));
+        // Time-shared four ways: four units of nvidia.com/gpu, each a quarter of the L4.
+        let mut sliced = l4.clone();
+        sliced[gke::SHARED_CLIENTS] = "4".into();
+        let n = node_gpus(&[gke_node(sliced, 4)], &names, &request(gpu, None)).remove(0);
+        assert_eq!((n.memory, n.shared_by), (Ok((23034 << 20) / 4), 4));
+        // GFD's label, where it runs on GKE, is what counts.
+        let mut both = l4.clone();
+        both[NVIDIA_MEMORY] = "23028".into();
+        let n = node_gpus(&[gke_node(both, 1)], &names, &request(gpu, None)).remove(0);
+        assert_eq!((n.memory, n.gke), (Ok(23028 << 20), None));
+        // engine.gpuMemory: neither label.
+        let n = node_gpus(&[gke_node(l4, 1)], &names, &request(gpu, Some(8 << 30))).remove(0);
+        assert_eq!((n.memory, n.labelled, n.gke), (Ok(8 << 30), false, None));
+        // A model modelserve does not know is unknown memory, saying why.
+        let b200 = serde_json::json!({gke::ACCELERATOR: "nvidia-b200"});
+        let n = node_gpus(&[gke_node(b200, 8)], &names, &request(gpu, None)).remove(0);
+        assert!(
+            n.memory
+                .unwrap_err()
+                .starts_with("cloud.google.com/gke-accelerator=\"nvidia-b200\"")
+        );
     }
 
     #[test]
