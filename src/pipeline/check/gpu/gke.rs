@@ -19,9 +19,10 @@ pub const SHARED_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gp
 pub const RESOURCE: &str = "nvidia.com/gpu";
 
 /// One GPU's memory in MiB by GKE accelerator. Where GPU Feature Discovery was seen labelling
-/// the model, its figure (NVML's total; the A100 40GB's with ECC on, as GKE runs it). For the
-/// H200 and the RTX PRO 6000, whose labels were not seen, the size their names and data sheets
-/// give in decimal GB (141 and 96), below what NVML reports for either.
+/// the model, its figure (NVML's total; for the A100 40GB the lower of the two seen, 40536 with
+/// ECC on, 40960 without). For the H200 and the RTX PRO 6000, whose labels were not seen, the
+/// size their names and data sheets give in decimal GB (141 and 96), below what NVML reports for
+/// either. Too low a figure places fewer layers; too high one would fail the load.
 pub const MEMORY: [(&str, u64); 8] = [
     ("nvidia-tesla-t4", 15360),
     ("nvidia-l4", 23034),
