@@ -61,13 +61,7 @@ pub fn union<'a>(nodes: impl IntoIterator<Item = &'a Tiers>) -> Tiers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::pipeline::check::test_labels as labels;
 
     fn nfd(flags: &[&str]) -> BTreeMap<String, String> {
         let mut l = labels(&[("kubernetes.io/arch", "amd64")]);

@@ -449,6 +449,15 @@ fn judge(
     }
 }
 
+/// Node labels from (key, value) pairs, for tests of what the nodes say.
+#[cfg(test)]
+pub(crate) fn test_labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,13 +92,7 @@ pub fn at_least(names: &[String], bytes: u64, by: u64) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::pipeline::check::test_labels as labels;
 
     #[test]
     fn a_gke_node_without_gfd_has_its_accelerators_memory() {
