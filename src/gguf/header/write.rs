@@ -26,6 +26,21 @@ pub fn header(kv: &[(&str, Value)], tensors: &[(&str, &[u64], u32)]) -> Vec<u8> 
     b
 }
 
+/// The parsed header of owned key/values and tensors (name, dims, type), for tests that build
+/// them in loops.
+#[cfg(test)]
+pub fn parsed<K: AsRef<str>>(
+    kv: &[(K, Value)],
+    tensors: &[(String, Vec<u64>, u32)],
+) -> super::Header {
+    let kv: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_ref(), v.clone())).collect();
+    let tensors: Vec<(&str, &[u64], u32)> = tensors
+        .iter()
+        .map(|(n, d, t)| (n.as_str(), d.as_slice(), *t))
+        .collect();
+    super::parse(&header(&kv, &tensors), true).unwrap()
+}
+
 pub fn string(b: &mut Vec<u8>, s: &str) {
     b.extend((s.len() as u64).to_le_bytes());
     b.extend(s.as_bytes());

@@ -5,17 +5,7 @@
 
 use super::tests::MIB;
 use super::*;
-use crate::gguf::header::{Value, parse, write};
-
-/// A header of these metadata keys and tensors (name, dimensions, ggml type).
-pub(super) fn header_of(kv: &[(String, Value)], tensors: &[(String, Vec<u64>, u32)]) -> Header {
-    let kv_refs: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-    let t_refs: Vec<(&str, &[u64], u32)> = tensors
-        .iter()
-        .map(|(n, d, t)| (n.as_str(), d.as_slice(), *t))
-        .collect();
-    parse(&write::header(&kv_refs, &t_refs), true).unwrap()
-}
+use crate::gguf::header::{Value, write};
 
 /// A four-block dense model with f16 weights and a gated FFN, as testbed/gen_gguf.py writes
 /// one (289 tokens): `arch`, its width, heads, KV heads, FFN width, and whether the
@@ -60,7 +50,7 @@ fn dense(arch: &str, n_embd: u64, heads: u32, kv_heads: u32, ff: u64, bias: bool
         tensors.push((b("ffn_up.weight"), vec![n_embd, ff], 1));
         tensors.push((b("ffn_down.weight"), vec![ff, n_embd], 1));
     }
-    header_of(&kv, &tensors)
+    write::parsed(&kv, &tensors)
 }
 
 /// Asserts that the first GPU's compute buffer at `ctx` cells of 2 slots and `-ngl ngl` is

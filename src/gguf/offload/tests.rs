@@ -1,6 +1,5 @@
 //! The placement against the engine's rules, on headers built by hand.
 
-use super::copies_tests::header_of;
 use super::inputs_tests::inputs;
 use super::op_offload_tests::op_offload_peak;
 use super::*;
@@ -98,7 +97,7 @@ impl Model {
                 tensors.push((format!("blk.{il}.ffn_gate.weight"), vec![N_EMBD], 0));
             }
         }
-        header_of(&kv, &tensors)
+        crate::gguf::header::write::parsed(&kv, &tensors)
     }
 }
 

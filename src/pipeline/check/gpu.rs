@@ -262,7 +262,7 @@ fn forced(placement: Placement, devices: &[Device], margin: u64) -> Decision {
 mod tests {
     use super::*;
     use crate::api::{Accelerator, EngineSpec, SplitMode};
-    use crate::gguf::header::{Value, parse, write};
+    use crate::gguf::header::{Value, write};
     use crate::gguf::memory::repack;
 
     const GIB: u64 = 1 << 30;
@@ -291,12 +291,7 @@ mod tests {
                 0,
             ));
         }
-        let kv: Vec<(&str, Value)> = kv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        let t: Vec<(&str, &[u64], u32)> = t
-            .iter()
-            .map(|(n, d, ty)| (n.as_str(), d.as_slice(), *ty))
-            .collect();
-        parse(&write::header(&kv, &t), true).unwrap()
+        write::parsed(&kv, &t)
     }
 
     fn flags() -> Flags {

@@ -5,7 +5,7 @@ use clap::Parser;
 
 use super::*;
 use crate::cli::Output;
-use crate::gguf::header::{Value, parse, write};
+use crate::gguf::header::{Value, write};
 use crate::gguf::memory::{estimate, repack};
 
 const GIB: u64 = 1 << 30;
@@ -31,11 +31,7 @@ fn llama(blocks: u64) -> Header {
         tensors.push((format!("blk.{il}.attn_norm.weight"), vec![N_EMBD], 0));
         tensors.push((format!("blk.{il}.ffn_up.weight"), vec![N_EMBD, 16384], 0));
     }
-    let t: Vec<(&str, &[u64], u32)> = tensors
-        .iter()
-        .map(|(n, d, ty)| (n.as_str(), d.as_slice(), *ty))
-        .collect();
-    parse(&write::header(&kv, &t), true).unwrap()
+    write::parsed(&kv, &tensors)
 }
 
 fn flags() -> Flags {
