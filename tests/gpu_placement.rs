@@ -6,8 +6,9 @@
 //! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
 //! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
 //! memory, a time-sliced share by its part of the GPU, a GKE node without GFD by the memory of its
-//! accelerator, and a replica of two shares is refused. A node whose replicas label is no count
-//! is left out, named with that label in Check's message, and the scheduler keeps the pod off it.
+//! accelerator, an AMD GPU by the size AMD's labeller gives it in GiB, and a replica of two
+//! shares is refused. A node whose replicas label is no count is left out, named with that
+//! label in Check's message, and the scheduler keeps the pod off it.
 //!
 //! The GPUs are MiB, not GiB: the pipeline mirrors the model before it is placed, so the model is
 //! the test bed's small one, and the GPUs are sized to it. The same decision at GiB sizes (a model
@@ -120,6 +121,32 @@ fn gke_node(name: &str, pool: &str) -> serde_json::Value {
     node
 }
 
+/// A kwok node with `gpus` AMD GPUs as AMD's node labeller sizes them (`labels`: one size for
+/// GPUs alike, one label per size where they differ), and `host` of CPUs and memory (the
+/// scheduler prefers the emptier node).
+fn amd_node(
+    name: &str,
+    pool: &str,
+    gpus: u32,
+    labels: &[(&str, &str)],
+    (cpu, memory): (&str, &str),
+) -> serde_json::Value {
+    let mut node = whole_gpus(name, pool, gpus, 0, 0);
+    let all = node["metadata"]["labels"].as_object_mut().unwrap();
+    all.retain(|k, _| !k.starts_with("nvidia.com/"));
+    all.insert("amd.com/gpu.product-name".into(), "AMD-TEST".into());
+    for (k, v) in labels {
+        all.insert((*k).into(), (*v).into());
+    }
+    node["spec"]["taints"][0]["key"] = "amd.com/gpu".into();
+    for field in ["capacity", "allocatable"] {
+        node["status"][field]["amd.com/gpu"] = gpus.to_string().into();
+        node["status"][field]["cpu"] = cpu.into();
+        node["status"][field]["memory"] = memory.into();
+    }
+    node
+}
+
 /// A kwok node with GFD's labels of `gpus` GPUs of `mib` MiB, and no GPU resource yet.
 fn whole_gpus(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
     serde_json::json!({
@@ -204,8 +231,8 @@ async fn until(
 }
 
 /// The llama-server container of a replica's pod, and whether the pod tolerates the usual GPU
-/// taint.
-fn server(spec: &PodSpec) -> (&Container, bool) {
+/// taint of `resource`.
+fn server<'a>(spec: &'a PodSpec, resource: &str) -> (&'a Container, bool) {
     let server = spec
         .containers
         .iter()
@@ -215,7 +242,7 @@ fn server(spec: &PodSpec) -> (&Container, bool) {
         .tolerations
         .iter()
         .flatten()
-        .any(|t| t.key.as_deref() == Some("nvidia.com/gpu"));
+        .any(|t| t.key.as_deref() == Some(resource));
     (server, tolerates)
 }
 
@@ -238,13 +265,103 @@ async fn alone(
     let pod = model_pod(pods, name).await;
     let spec = pod.spec.unwrap();
     assert_eq!(spec.node_name.as_deref(), Some(node), "{checked}");
-    let (server, tolerates) = server(&spec);
+    let (server, tolerates) = server(&spec, "nvidia.com/gpu");
     let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits.get(resource).map(|q| q.0.as_str()), Some("1"));
     assert!(tolerates, "the usual GPU taint is tolerated");
     let affinity = serde_json::to_string(&spec.affinity).unwrap();
     println!("gpu: {name} placed on {node} with {resource} 1 and affinity {affinity}");
     (s.check.expect("status.check"), affinity)
+}
+
+/// AMD nodes whose GPUs are alike (one `amd.com/gpu.vram`) in pool `<pool>-amd`, and nodes whose
+/// GPUs differ (a label per size) in pool `<pool>-amd-differ`; in each, a node with a 1G GPU
+/// that is the emptier, which the scheduler would pick but for the affinity. A one-GPU ROCm model
+/// in each pool, checked by an operator that keeps 768 MiB of each GPU free: a 1G GPU (at least
+/// 0.5 GiB) holds nothing and a 2G one (1.5 GiB) the whole model. Each replica must go to the
+/// node whose GPUs are all 2G or more, by its node affinity.
+async fn amd_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
+    let (alike, differ) = (format!("{pool}-amd"), format!("{pool}-amd-differ"));
+    let name = |pool: &str, size: &str| format!("{pool}-{size}");
+    let nodes = GpuNodes {
+        tb,
+        names: vec![
+            name(&alike, "1g"),
+            name(&alike, "2g"),
+            name(&differ, "1g-4g"),
+            name(&differ, "2g-4g"),
+        ],
+    };
+    let (empty, busy) = (("64", "256Gi"), ("4", "3Gi"));
+    let one = |size: &'static str| [("amd.com/gpu.vram", size)];
+    for node in [
+        amd_node(&nodes.names[0], &alike, 1, &one("1G"), empty),
+        amd_node(&nodes.names[1], &alike, 1, &one("2G"), busy),
+        amd_node(
+            &nodes.names[2],
+            &differ,
+            2,
+            &[("amd.com/gpu.vram.1G", "1"), ("amd.com/gpu.vram.4G", "1")],
+            empty,
+        ),
+        amd_node(
+            &nodes.names[3],
+            &differ,
+            2,
+            &[("amd.com/gpu.vram.2G", "1"), ("amd.com/gpu.vram.4G", "1")],
+            busy,
+        ),
+    ] {
+        let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
+        assert!(applied.status.success(), "{applied:?}");
+    }
+    let ns = tb.namespace("amd");
+    let _op = Operator::start_with(
+        tb,
+        &ns.name,
+        hub,
+        &["--mirror-url", mirror, "--gpu-headroom", "768Mi"],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let too_small = r#"{"key":"amd.com/gpu.vram","operator":"NotIn","values":["1G"]}"#;
+    let placed = [
+        ("rocm", &alike, &nodes.names[1], too_small),
+        (
+            "rocm-differ",
+            &differ,
+            &nodes.names[3],
+            r#"{"key":"amd.com/gpu.vram.1G","operator":"DoesNotExist"}"#,
+        ),
+    ];
+    for (model, pool, node, term) in placed {
+        let mut spec = gpu_model(pool, 1);
+        spec["engine"]["accelerator"] = "rocm".into();
+        let ms = ModelServe::new(model, serde_json::from_value(spec).unwrap());
+        api.create(&PostParams::default(), &ms).await.unwrap();
+        let s = until(&api, model, "Placed", ("True", "Placed"), 240).await;
+        let (_, _, checked) = condition(&s, "Checked");
+        println!("gpu: {model}: Checked: {checked}");
+        let check = s.check.clone().expect("status.check");
+        assert_eq!(check.gpu_memory_bytes, Some(3 << 29), "{checked}");
+        assert_eq!(check.gpu_layers, check.layers, "full offload: {checked}");
+        let spec = model_pod(&pods, model).await.spec.unwrap();
+        let affinity = serde_json::to_string(&spec.affinity).unwrap();
+        println!(
+            "gpu: {model} placed on {:?} with affinity {affinity}",
+            spec.node_name
+        );
+        assert_eq!(spec.node_name.as_ref(), Some(node), "{affinity}");
+        let (container, tolerates) = server(&spec, "amd.com/gpu");
+        assert!(tolerates, "the usual GPU taint is tolerated");
+        let limits = container.resources.as_ref().and_then(|r| r.limits.as_ref());
+        let gpus = limits.and_then(|l| l.get("amd.com/gpu"));
+        assert_eq!(gpus.map(|q| q.0.as_str()), Some("1"));
+        assert!(affinity.contains(term), "{affinity}");
+    }
+    let s = api.get_status("rocm-differ").await.unwrap().status.unwrap();
+    assert_eq!(s.check.unwrap().amd_mixed_sizes, ["2G"]);
+    drop(nodes);
 }
 
 #[tokio::test]
@@ -365,7 +482,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         Some(two.as_str()),
         "the scheduler's choice"
     );
-    let (server, tolerates) = server(&spec);
+    let (server, tolerates) = server(&spec, "nvidia.com/gpu");
     assert!(tolerates, "the usual GPU taint is tolerated");
     let limits = server.resources.as_ref().unwrap().limits.as_ref().unwrap();
     assert_eq!(limits["nvidia.com/gpu"].0, "2");
@@ -447,6 +564,8 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
             && affinity.contains("\"nvidia-tesla-t4\""),
         "{affinity}"
     );
+    // AMD's GPUs, labelled in GiB.
+    amd_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
     // Two of those shares may be one GPU: a replica of two GPUs is refused there, saying why.
     let mut spec = gpu_model(&pool, 2);
     spec["engine"]["gpuResource"] = SHARED.into();

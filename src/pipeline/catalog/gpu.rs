@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
-use crate::pipeline::check::gpu::{MOST_SHARED_BY, gke, memory_label, sharing_label};
+use crate::pipeline::check::gpu::{MOST_SHARED_BY, amd, gke, memory_label, sharing_label};
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
 /// off because the operator decided them. The flag is known from this build (the newest read
@@ -59,13 +59,17 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// Check stage planned over, each asking N times the memory of a GPU shared that way, and GPUs
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
 /// Where the placement also held on GKE nodes that GFD does not label, terms naming the GKE
-/// accelerators whose known memory is enough for each sharing count.
+/// accelerators whose known memory is enough for each sharing count. AMD's GPUs, whose label is
+/// a size such as 16G, by the sizes too small ([`amd_terms`]).
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
     if engine.gpu_memory.is_some() {
         return None;
     }
     let resource = engine.gpu_resource()?;
+    if amd::is_amd(&resource) {
+        return Some(required(amd_terms(memory, &check.amd_mixed_sizes)));
+    }
     let key = memory_label(&resource)?;
     let shared = sharing_label(&resource)?;
     let mut by: Vec<u64> = check
@@ -107,7 +111,45 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
             terms.extend(shared_terms(node, gke::SHARED_CLIENTS, *n));
         }
     }
-    Some(Affinity {
+    Some(required(terms))
+}
+
+/// Terms admitting nodes whose AMD GPUs have at least `memory` each: where the GPUs are alike, an
+/// `amd.com/gpu.vram` that is none of the sizes too small; where they differ, one of `mixed`
+/// (the smallest sizes of such nodes the placement held on) and none too small, so a node whose
+/// smallest GPU is too small is kept out however large its others are.
+fn amd_terms(memory: u64, mixed: &[String]) -> Vec<NodeSelectorTerm> {
+    let small = amd::too_small(memory);
+    let term = |all: Vec<NodeSelectorRequirement>| NodeSelectorTerm {
+        match_expressions: Some(all),
+        ..Default::default()
+    };
+    let mut alike = vec![requirement(amd::VRAM, "Exists", &[])];
+    if !small.is_empty() {
+        alike.push(requirement(amd::VRAM, "NotIn", &small));
+    }
+    let mut terms = vec![term(alike)];
+    let sizes = mixed
+        .iter()
+        .filter(|s| amd::holds(s, memory))
+        .take(amd::MOST_MIXED);
+    for size in sizes {
+        let mut differ = vec![
+            requirement(amd::VRAM, "DoesNotExist", &[]),
+            requirement(&format!("{}.{size}", amd::VRAM), "Exists", &[]),
+        ];
+        differ.extend(
+            small
+                .iter()
+                .map(|s| requirement(&format!("{}.{s}", amd::VRAM), "DoesNotExist", &[])),
+        );
+        terms.push(term(differ));
+    }
+    terms
+}
+
+fn required(terms: Vec<NodeSelectorTerm>) -> Affinity {
+    Affinity {
         node_affinity: Some(NodeAffinity {
             required_during_scheduling_ignored_during_execution: Some(NodeSelector {
                 node_selector_terms: terms,
@@ -115,7 +157,7 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
             ..Default::default()
         }),
         ..Default::default()
-    })
+    }
 }
 
 fn requirement(key: &str, operator: &str, values: &[String]) -> NodeSelectorRequirement {
@@ -246,6 +288,23 @@ mod tests {
             .collect()
     }
 
+    /// Each term of an affinity, as its requirements (key, operator, values).
+    fn requirements(a: Affinity) -> Vec<Vec<(String, String, Vec<String>)>> {
+        a.node_affinity
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .unwrap()
+            .node_selector_terms
+            .into_iter()
+            .map(|t| {
+                t.match_expressions
+                    .into_iter()
+                    .flatten()
+                    .map(|r| (r.key, r.operator, r.values.unwrap_or_default()))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The terms of GPUs not shared, for a memory key and its least MiB.
     fn unshared(key: &str, gt: &str) -> Vec<(String, String, String, Vec<String>)> {
         vec![
@@ -269,10 +328,10 @@ mod tests {
             replicas.contains("\"nvidia.com/gpu.replicas\""),
             "{replicas}"
         );
-        // A memory the spec set, or AMD's label, is no number the scheduler can compare.
+        // A memory the spec set is no label the scheduler can compare.
         let set = engine(serde_json::json!({"accelerator": "cuda", "gpuMemory": "24Gi"}));
         assert!(affinity(&set, &placed(33, None, 24 << 30)).is_none());
-        let amd = engine(serde_json::json!({"accelerator": "rocm"}));
+        let amd = engine(serde_json::json!({"accelerator": "rocm", "gpuMemory": "24Gi"}));
         assert!(affinity(&amd, &placed(33, None, 24 << 30)).is_none());
         // A MIG slice: its profile's own labels.
         let mig = engine(
@@ -326,28 +385,11 @@ mod tests {
         let mut c = placed(33, None, 11 << 30);
         c.gpu_shared_by = vec![2, 1];
         c.gke_accelerators = vec!["nvidia-l4".into(), "nvidia-tesla-t4".into()];
-        let a = affinity(&cuda, &c).unwrap();
-        let all = a
-            .node_affinity
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
-            .unwrap()
-            .node_selector_terms;
+        let all = requirements(affinity(&cuda, &c).unwrap());
         // GFD's three terms as before, then GKE's: unshared (no label, or 0 or 1) for either
         // model, and two ways for the L4 alone: a T4's half is 7.5 GiB.
         assert_eq!(all.len(), 6);
-        let gke: Vec<Vec<(String, String, Vec<String>)>> = all[3..]
-            .iter()
-            .map(|t| {
-                t.match_expressions
-                    .iter()
-                    .flatten()
-                    .map(|r| {
-                        let values = r.values.clone().unwrap_or_default();
-                        (r.key.clone(), r.operator.clone(), values)
-                    })
-                    .collect()
-            })
-            .collect();
+        let gke = &all[3..];
         let node = |names: &[&str]| {
             vec![
                 (
@@ -382,5 +424,57 @@ mod tests {
             serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/gpu.shared"}),
         );
         assert_eq!(terms(affinity(&shared, &c).unwrap()).len(), 2);
+    }
+
+    #[test]
+    fn amd_gpus_are_admitted_by_no_size_too_small() {
+        let rocm = engine(serde_json::json!({"accelerator": "rocm"}));
+        let sizes = |n: u64| (1..=n).map(|i| format!("{i}G")).collect::<Vec<_>>();
+        let r =
+            |key: &str, op: &str, values: Vec<String>| (key.to_string(), op.to_string(), values);
+        // Planned on 16G GPUs (15.5 GiB): alike GPUs of 16G or more, whatever their size.
+        let c = placed(33, None, (31 << 30) / 2);
+        assert_eq!(
+            requirements(affinity(&rocm, &c).unwrap()),
+            [vec![
+                r(amd::VRAM, "Exists", vec![]),
+                r(amd::VRAM, "NotIn", sizes(15)),
+            ]]
+        );
+        // Planned over nodes whose GPUs differ too, the smallest of 64G on one and 24G on
+        // another (whose 16G were too small for 20 GiB): each by its smallest size, none of
+        // them too small; a size too small or no size at all is never admitted.
+        let mut c = placed(33, None, 20 << 30);
+        c.amd_mixed_sizes = vec!["24G".into(), "64G".into(), "16G".into(), "x".into()];
+        let differ = |size: &str| {
+            let mut t = vec![
+                r(amd::VRAM, "DoesNotExist", vec![]),
+                r(&format!("amd.com/gpu.vram.{size}"), "Exists", vec![]),
+            ];
+            t.extend(
+                sizes(20)
+                    .iter()
+                    .map(|s| r(&format!("amd.com/gpu.vram.{s}"), "DoesNotExist", vec![])),
+            );
+            t
+        };
+        assert_eq!(
+            requirements(affinity(&rocm, &c).unwrap()),
+            [
+                vec![
+                    r(amd::VRAM, "Exists", vec![]),
+                    r(amd::VRAM, "NotIn", sizes(20))
+                ],
+                differ("24G"),
+                differ("64G"),
+            ]
+        );
+        // A plan that any labelled GPU holds: any size. Vulkan on AMD's resource alike.
+        let vulkan =
+            engine(serde_json::json!({"accelerator": "vulkan", "gpuResource": "amd.com/gpu"}));
+        assert_eq!(
+            requirements(affinity(&vulkan, &placed(33, None, 100 << 20)).unwrap()),
+            [vec![r(amd::VRAM, "Exists", vec![])]]
+        );
     }
 }

@@ -13,13 +13,14 @@ use crate::gguf::memory::Flags;
 use crate::gguf::offload::{self, Decision, Device, Placement};
 use crate::units::human_bytes;
 
+pub mod amd;
 pub mod gke;
 mod nodes;
 mod request;
 
 pub use nodes::{
-    AMD_PRODUCT, AMD_VRAM, MOST_SHARED_BY, NVIDIA_DRIVER_MAJOR, NVIDIA_MEMORY, NVIDIA_PRODUCT,
-    NodeGpus, memory_label, node_gpus, sharing_label, unknown_text,
+    MOST_SHARED_BY, NVIDIA_DRIVER_MAJOR, NVIDIA_MEMORY, NVIDIA_PRODUCT, NodeGpus, memory_label,
+    node_gpus, sharing_label, unknown_text,
 };
 pub use request::{Request, cuda_major_of_image, tolerations};
 
@@ -34,6 +35,9 @@ pub struct Plan {
     /// The GKE accelerators of the nodes in `nodes` whose GPU memory is what modelserve knows
     /// of the model, GFD labelling none, in name order.
     pub gke: Vec<String>,
+    /// The size labels of the smallest GPUs of the nodes in `nodes` whose AMD GPUs differ in
+    /// size (`64G` of `amd.com/gpu.vram.64G`), each once.
+    pub amd_mixed: Vec<String>,
     pub product: Option<String>,
     pub nodes: Vec<String>,
     /// How many pods share each GPU (time-slicing or MPS) on those nodes, each count once: the
@@ -207,6 +211,9 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             sharing_label(&req.resource).unwrap_or_default()
         );
     }
+    let mut amd_mixed: Vec<String> = chosen.iter().filter_map(|n| n.amd_mixed.clone()).collect();
+    amd_mixed.sort_unstable();
+    amd_mixed.dedup();
     let mut gke: Vec<String> = chosen.iter().filter_map(|n| n.gke.clone()).collect();
     gke.sort_unstable();
     gke.dedup();
@@ -231,6 +238,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         memory: class.memory,
         labelled: class.labelled,
         gke,
+        amd_mixed,
         product: class.product.clone(),
         nodes: chosen.iter().map(|n| n.node.clone()).collect(),
         shared_by,
@@ -313,6 +321,7 @@ mod tests {
             shared_by: 1,
             labelled: memory.is_some(),
             gke: None,
+            amd_mixed: None,
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
             host_memory: 64 * GIB,

@@ -9,18 +9,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Request, gke};
+use super::{Request, amd, gke};
 use crate::units::parse_quantity;
 
 /// GPU Feature Discovery's labels: memory of one GPU in MiB, its model, the driver's CUDA major.
 pub const NVIDIA_MEMORY: &str = "nvidia.com/gpu.memory";
 pub const NVIDIA_PRODUCT: &str = "nvidia.com/gpu.product";
 pub const NVIDIA_DRIVER_MAJOR: &str = "nvidia.com/cuda.driver.major";
-/// AMD's node labeller: memory of one GPU in GiB rounded to the nearest, such as 16G or 192G;
-/// on a node whose GPUs differ, `amd.com/gpu.vram.16G` (the count of such GPUs) for each size
-/// instead.
-pub const AMD_VRAM: &str = "amd.com/gpu.vram";
-pub const AMD_PRODUCT: &str = "amd.com/gpu.product-name";
 /// The resources of MIG slices under the device plugin's mixed strategy, such as
 /// `nvidia.com/mig-1g.10gb`; GFD labels each profile's memory `<resource>.memory` beside the whole
 /// GPU's `nvidia.com/gpu.memory`.
@@ -33,7 +28,7 @@ pub const MOST_SHARED_BY: u32 = 1024;
 /// The node label that holds, in MiB, the memory of one unit of `resource`, which node affinity
 /// can compare: a MIG profile's own (`nvidia.com/mig-1g.10gb.memory`), else GFD's whole GPU's for
 /// NVIDIA's resources (`nvidia.com/gpu`, or a time-sliced `nvidia.com/gpu.shared`); None for
-/// others (AMD's label is a size such as 16G, not a number).
+/// others (AMD's label is a size such as 16G, not a number: see [`amd`]).
 pub fn memory_label(resource: &str) -> Option<String> {
     if resource.starts_with(MIG_PREFIX) {
         Some(format!("{resource}.memory"))
@@ -70,6 +65,9 @@ pub struct NodeGpus {
     pub labelled: bool,
     /// The GKE accelerator whose known memory `memory` is, on a node GFD does not label.
     pub gke: Option<String>,
+    /// On a node whose AMD GPUs differ in size, the size label of the smallest (`64G` of
+    /// `amd.com/gpu.vram.64G`), whose memory `memory` is.
+    pub amd_mixed: Option<String>,
     pub product: Option<String>,
     pub driver_major: Option<u32>,
     /// Allocatable host memory.
@@ -129,6 +127,10 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                 shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_ok(),
                 gke: gke.filter(|_| req.memory.is_none() && labelled.is_ok()),
+                amd_mixed: amd::is_amd(&req.resource)
+                    .then(|| amd::vram(labels).ok()?.1)
+                    .flatten()
+                    .filter(|_| req.memory.is_none()),
                 memory: req.memory.map_or(labelled, Ok),
                 product: product(labels, &req.resource),
                 driver_major: labels.get(NVIDIA_DRIVER_MAJOR).and_then(|v| v.parse().ok()),
@@ -175,8 +177,9 @@ fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Result<u32, S
 }
 
 /// The memory of one unit of `resource` from the node's labels: GFD's (MiB) for NVIDIA's
-/// resources, a MIG slice's own and never the whole GPU's; else GFD's or AMD's. Without it, the
-/// label that is missing or what it says instead of a size.
+/// resources, a MIG slice's own and never the whole GPU's; AMD's for AMD's, which node affinity
+/// selects by; else GFD's or AMD's. Without it, the label that is missing or what it says
+/// instead of a size.
 fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Result<u64, String> {
     let mib = |key: &str| {
         let v = labels.get(key).ok_or_else(|| format!("no {key} label"))?;
@@ -189,50 +192,16 @@ fn label_memory(labels: &BTreeMap<String, String>, resource: &str) -> Result<u64
     if let Some(key) = memory_label(resource) {
         return mib(&key);
     }
-    match (mib(NVIDIA_MEMORY), amd_vram(labels)) {
+    let amd_vram = || amd::vram(labels).map(|(m, _)| m);
+    if amd::is_amd(resource) {
+        return amd_vram().map_err(|why| why.unwrap_or_else(|| format!("no {} label", amd::VRAM)));
+    }
+    match (mib(NVIDIA_MEMORY), amd_vram()) {
         (Ok(m), _) | (_, Ok(m)) => Ok(m),
         (Err(nvidia), Err(None)) if labels.contains_key(NVIDIA_MEMORY) => Err(nvidia),
         (_, Err(Some(amd))) => Err(amd),
-        (_, Err(None)) => Err(format!("no {NVIDIA_MEMORY} or {AMD_VRAM} label")),
+        (_, Err(None)) => Err(format!("no {NVIDIA_MEMORY} or {} label", amd::VRAM)),
     }
-}
-
-/// The least memory of the node's AMD GPUs: the labeller rounds each to the nearest GiB, so a
-/// GPU labelled 16G has at least 15.5 GiB (a 16 GB card's 15.98 GiB is labelled 16G); on a node
-/// whose GPUs differ, the smallest size labelled. Err(None) without AMD's labels, else what they
-/// say instead of a size.
-fn amd_vram(labels: &BTreeMap<String, String>) -> Result<u64, Option<String>> {
-    let gib = |size: &str| {
-        let n = size
-            .strip_suffix('G')?
-            .parse::<u64>()
-            .ok()
-            .filter(|n| *n > 0)?;
-        n.checked_mul(1 << 30)?.checked_sub(1 << 29)
-    };
-    if let Some(size) = labels.get(AMD_VRAM) {
-        return gib(size).ok_or_else(|| {
-            Some(format!(
-                "{AMD_VRAM}={size:?} is not one GPU's memory in GiB, such as 16G"
-            ))
-        });
-    }
-    let prefix = format!("{AMD_VRAM}.");
-    let mut sizes = labels
-        .range(prefix.clone()..)
-        .take_while(|(k, _)| k.starts_with(&prefix))
-        .peekable();
-    if sizes.peek().is_none() {
-        return Err(None);
-    }
-    sizes
-        .filter_map(|(k, _)| gib(&k[prefix.len()..]))
-        .min()
-        .ok_or_else(|| {
-            Some(format!(
-                "no {prefix}<size> label names one GPU's memory in GiB, such as {prefix}16G"
-            ))
-        })
 }
 
 /// How many nodes [`unknown_text`] names; the rest are counted.
@@ -257,7 +226,7 @@ pub fn unknown_text(nodes: &[&NodeGpus]) -> String {
 fn product(labels: &BTreeMap<String, String>, resource: &str) -> Option<String> {
     let gpu = labels
         .get(NVIDIA_PRODUCT)
-        .or_else(|| labels.get(AMD_PRODUCT))
+        .or_else(|| labels.get(amd::PRODUCT))
         .or_else(|| labels.get(gke::ACCELERATOR))
         .cloned();
     match resource.strip_prefix(MIG_PREFIX) {
@@ -278,33 +247,32 @@ mod tests {
             label_memory(&l(NVIDIA_MEMORY, "23028"), nvidia),
             Ok(23028 << 20)
         );
-        // AMD's is rounded to the nearest GiB: at least half a GiB less.
-        assert_eq!(
-            label_memory(&l(AMD_VRAM, "16G"), "amd.com/gpu"),
-            Ok((31 << 30) / 2)
-        );
-        // A node whose AMD GPUs differ labels each size: the smallest counts.
+        // AMD's is rounded to the nearest GiB: at least half a GiB less (amd.rs reads it).
+        let amd = "amd.com/gpu";
+        assert_eq!(label_memory(&l(amd::VRAM, "16G"), amd), Ok((31 << 30) / 2));
         let mixed = BTreeMap::from([
             ("amd.com/gpu.vram.192G".to_string(), "4".to_string()),
             ("amd.com/gpu.vram.64G".to_string(), "4".to_string()),
-            ("amd.com/gpu.vramx".to_string(), "1".to_string()),
         ]);
-        assert_eq!(label_memory(&mixed, "amd.com/gpu"), Ok(127 << 29));
-        for bad in ["16", "0G", "-1G", "G", "99999999999999G"] {
-            assert_eq!(
-                label_memory(&l(AMD_VRAM, bad), "amd.com/gpu"),
-                Err(format!(
-                    "amd.com/gpu.vram={bad:?} is not one GPU's memory in GiB, such as 16G"
-                )),
-            );
-        }
+        assert_eq!(label_memory(&mixed, amd), Ok(127 << 29));
         assert_eq!(
-            label_memory(&l("amd.com/gpu.vram.lots", "2"), "amd.com/gpu").unwrap_err(),
-            "no amd.com/gpu.vram.<size> label names one GPU's memory in GiB, such as \
-             amd.com/gpu.vram.16G"
+            label_memory(&l(amd::VRAM, "16"), amd).unwrap_err(),
+            "amd.com/gpu.vram=\"16\" is not one GPU's memory in GiB, such as 16G (at most 1024G)"
         );
+        // AMD's GPUs are sized by AMD's labels alone, which their node affinity selects by.
         assert_eq!(
-            label_memory(&BTreeMap::new(), "amd.com/gpu").unwrap_err(),
+            label_memory(&l(NVIDIA_MEMORY, "23028"), amd).unwrap_err(),
+            "no amd.com/gpu.vram label"
+        );
+        // Another vendor's resource takes either.
+        let other = "gpu.example.com/gpu";
+        assert_eq!(
+            label_memory(&l(NVIDIA_MEMORY, "23028"), other),
+            Ok(23028 << 20)
+        );
+        assert_eq!(label_memory(&mixed, other), Ok(127 << 29));
+        assert_eq!(
+            label_memory(&BTreeMap::new(), other).unwrap_err(),
             "no nvidia.com/gpu.memory or amd.com/gpu.vram label"
         );
         // A size that is no number of MiB is named with what it says, and a missing one too.
@@ -508,6 +476,40 @@ mod tests {
             n.memory
                 .unwrap_err()
                 .starts_with("cloud.google.com/gke-accelerator=\"nvidia-b200\"")
+        );
+    }
+
+    #[test]
+    fn an_amd_node_whose_gpus_differ_is_known_by_its_smallest_size() {
+        let amd = "amd.com/gpu";
+        let names = ["n".to_string()];
+        let one = |labels: serde_json::Value, r: &Request| {
+            let n: Node = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n", "labels": labels},
+                "status": {"allocatable": {amd: "8", "memory": "64Gi"}},
+            }))
+            .unwrap();
+            node_gpus(&[Arc::new(n)], &names, r).remove(0)
+        };
+        let mixed = serde_json::json!({
+            "amd.com/gpu.vram.192G": "4", "amd.com/gpu.vram.64G": "4",
+            amd::PRODUCT: "Instinct-MI300X",
+        });
+        let n = one(mixed.clone(), &request(amd, None));
+        assert_eq!(
+            (n.memory, n.amd_mixed.as_deref()),
+            (Ok(127 << 29), Some("64G"))
+        );
+        assert_eq!(n.product.as_deref(), Some("Instinct-MI300X"));
+        assert!(n.labelled);
+        // GPUs alike: the one label, no size to name.
+        let alike = one(serde_json::json!({amd::VRAM: "192G"}), &request(amd, None));
+        assert_eq!((alike.memory, alike.amd_mixed), (Ok(383 << 29), None));
+        // engine.gpuMemory: no label counts.
+        let set = one(mixed, &request(amd, Some(8 << 30)));
+        assert_eq!(
+            (set.memory, set.labelled, set.amd_mixed),
+            (Ok(8 << 30), false, None)
         );
     }
 
