@@ -60,7 +60,7 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
 /// Where the placement also held on GKE nodes that GFD does not label, terms naming the GKE
 /// accelerators whose known memory is enough for each sharing count. AMD's GPUs, whose label is
-/// a size such as 16G, by the sizes too small ([`amd_terms`]).
+/// a size such as 16G, by the sizes too small (`amd_terms`).
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
     if engine.gpu_memory.is_some() {
@@ -269,21 +269,12 @@ mod tests {
 
     /// Each term of an affinity, as (memory key, Gt value, sharing operator, sharing values).
     fn terms(a: Affinity) -> Vec<(String, String, String, Vec<String>)> {
-        a.node_affinity
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
-            .unwrap()
-            .node_selector_terms
+        requirements(a)
             .into_iter()
             .map(|t| {
-                let [memory, sharing]: [NodeSelectorRequirement; 2] =
-                    t.match_expressions.unwrap().try_into().unwrap();
-                assert_eq!(memory.operator, "Gt");
-                (
-                    memory.key,
-                    memory.values.unwrap().concat(),
-                    sharing.operator,
-                    sharing.values.unwrap_or_default(),
-                )
+                let [memory, sharing]: [_; 2] = t.try_into().unwrap();
+                assert_eq!(memory.1, "Gt");
+                (memory.0, memory.2.concat(), sharing.1, sharing.2)
             })
             .collect()
     }
