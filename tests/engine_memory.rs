@@ -5,12 +5,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use modelserve::gguf::memory::{Flags, estimate_checked};
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, logged};
+use support::models::gen_gguf;
 use support::testbed_script;
 
 /// The log of llama-server once it has loaded `model` and logged its buffers.
@@ -32,20 +32,7 @@ async fn server_log(server: &Path, model: &Path, ctx: u64, parallel: u64) -> Str
 async fn kv_and_state_equal_the_engines_figures_and_compute_is_within_five_percent() {
     let server = testbed_script("build-llama-server.sh");
     let dir = tempfile::tempdir().unwrap();
-    let generated = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        generated.status.success(),
-        "gen_gguf.py failed: {}",
-        String::from_utf8_lossy(&generated.stderr)
-    );
-    let mut models: Vec<PathBuf> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut models = gen_gguf(dir.path(), &[]);
     models.sort();
     assert!(models.len() >= 8, "eight families expected, got {models:?}");
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;

@@ -52,7 +52,7 @@ use modelserve::gguf::offload::{
 };
 use modelserve::gguf::{FileSource, read_header};
 use support::engine::{Server, fill_every_slot};
-use support::models::{QUANTIZED, gpu_check, quantized};
+use support::models::{QUANTIZED, gen_gguf, gpu_check, quantized};
 use support::rpc::{
     Buffers, Fitted, RpcServer, fit_params, host_memory, peak_rss, reset_peak_rss, rpc_arg,
 };
@@ -279,7 +279,7 @@ fn hold_models() -> Held {
     if m.1.is_none() {
         let quantize = testbed_script_with("build-llama-tool.sh", &["llama-quantize"]);
         let dir = tempfile::tempdir().unwrap();
-        let tiny = generated(dir.path(), &[]);
+        let tiny = gen_gguf(dir.path(), &[]);
         assert_eq!(tiny.len(), 8, "eight families expected, got {tiny:?}");
         let cache = quantized_cache();
         let quantized = QUANTIZED
@@ -308,32 +308,13 @@ fn hold_models() -> Held {
 /// beside the others, where a GPU that runs the host's layers lays their copies, mask and FFN
 /// out by sizes the tiny models do not reach.
 fn wide_models(dir: &Path) -> Vec<PathBuf> {
-    let wide = generated(dir, &["--size", "wide"]);
+    let wide = gen_gguf(dir, &["--size", "wide"]);
     assert_eq!(
         wide.len(),
         2,
         "a wide llama and qwen2 expected, got {wide:?}"
     );
     wide
-}
-
-/// The files testbed/gen_gguf.py writes into `dir` with `args`.
-fn generated(dir: &Path, args: &[&str]) -> Vec<PathBuf> {
-    let out = std::process::Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "gen_gguf.py {args:?} failed (scripts/test installs numpy and pyyaml): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_whitespace().next().map(PathBuf::from))
-        .collect()
 }
 
 /// Every model (and the `more` a test serves beside them), or while working on a few of them,

@@ -274,22 +274,14 @@ pub fn listing_header(repo: &str, path: &str) -> Option<Vec<u8>> {
     }
 }
 
-/// A tiny llama that the real llama-server loads, written by testbed/gen_gguf.py (random
-/// weights; needs numpy and pyyaml, which scripts/test installs).
+/// A tiny llama that the real llama-server loads, written by testbed/gen_gguf.py.
 pub fn tiny_llama_gguf() -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new("python3")
-        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
-        .arg(dir.path())
-        .args(["--arch", "llama"])
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "gen_gguf.py failed (scripts/test installs numpy and pyyaml): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(dir.path().join("llama-tiny-f16.gguf")).unwrap()
+    let files = gen_gguf(dir.path(), &["--arch", "llama"]);
+    let [file] = &files[..] else {
+        panic!("gen_gguf.py --arch llama wrote one model, not {files:?}")
+    };
+    std::fs::read(file).unwrap()
 }
 
 fn run(cmd: &mut std::process::Command, what: &str) -> String {
@@ -353,20 +345,26 @@ pub fn generated(
     vocab: &str,
     size: &str,
 ) -> std::path::PathBuf {
+    let args = ["--arch", family, "--size", size, "--vocab", vocab];
+    gen_gguf(dir, &args)
+        .pop()
+        .expect("gen_gguf.py prints the file")
+}
+
+/// The files testbed/gen_gguf.py writes into `dir` with `args`, as it prints them (random
+/// weights; needs numpy and pyyaml, which scripts/test installs).
+pub fn gen_gguf(dir: &std::path::Path, args: &[&str]) -> Vec<std::path::PathBuf> {
     let printed = run(
         std::process::Command::new("python3")
             .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testbed/gen_gguf.py"))
             .arg(dir)
-            .args(["--arch", family, "--size", size, "--vocab", vocab]),
-        "gen_gguf.py",
+            .args(args),
+        &format!("gen_gguf.py {args:?} (scripts/test installs numpy and pyyaml)"),
     );
-    std::path::PathBuf::from(
-        printed
-            .lines()
-            .last()
-            .and_then(|l| l.split_whitespace().next())
-            .expect("gen_gguf.py prints the file"),
-    )
+    printed
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(std::path::PathBuf::from))
+        .collect()
 }
 
 /// A real model of the memory benchmark: written by testbed/gen_gguf.py in F16 into `dir`, then
