@@ -432,9 +432,9 @@ mod tests {
                 r(amd::VRAM, "NotIn", sizes(15)),
             ]]
         );
-        // Planned over nodes whose GPUs differ too, the smallest of 64G on one and 24G on
-        // another (whose 16G were too small for 20 GiB): each by its smallest size, none of
-        // them too small; a size too small or no size at all is never admitted.
+        // Planned on 20 GiB over nodes whose GPUs differ too, the smallest 24G on one and 64G
+        // on another: each admitted by its smallest size with no size too small; a listed size
+        // too small (16G) or no size at all ("x") adds no term.
         let mut c = placed(33, None, 20 << 30);
         c.amd_mixed_sizes = vec!["24G".into(), "64G".into(), "16G".into(), "x".into()];
         let differ = |size: &str| {
