@@ -57,6 +57,12 @@ fn remove_orphans(tb: &Testbed) {
     }
 }
 
+/// Makes `node` on the test bed (a [`GpuNodes`] names it for removal).
+fn apply_node(tb: &Testbed, node: &serde_json::Value) {
+    let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
+    assert!(applied.status.success(), "{applied:?}");
+}
+
 /// A kwok node with `gpus` GPUs of `mib` MiB each, CUDA driver `driver`, in pool `pool`, not
 /// shared, as GFD labels that (the MIG node below has no such labels, as older GFDs write).
 fn gpu_node(name: &str, pool: &str, gpus: u32, mib: u64, driver: u32) -> serde_json::Value {
@@ -312,8 +318,7 @@ async fn amd_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
             busy,
         ),
     ] {
-        let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
-        assert!(applied.status.success(), "{applied:?}");
+        apply_node(tb, &node);
     }
     let ns = tb.namespace("amd");
     let _op = Operator::start_with(
@@ -404,8 +409,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         unknown_node,
         gke_node(&gke, &gke_pool),
     ] {
-        let applied = tb.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
-        assert!(applied.status.success(), "{applied:?}");
+        apply_node(&tb, &node);
     }
     let sizes = [
         (&one, 1, 8),
@@ -414,11 +418,7 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
         (&spare_too, 1, 512),
     ];
     for (name, gpus, mib) in sizes {
-        let applied = tb.kubectl_stdin(
-            &["apply", "-f", "-"],
-            &gpu_node(name, &pool, gpus, mib, 12).to_string(),
-        );
-        assert!(applied.status.success(), "{applied:?}");
+        apply_node(&tb, &gpu_node(name, &pool, gpus, mib, 12));
     }
     let ns = tb.namespace("gpu");
     let hub = FakeHub::with_tiny_llama().await;

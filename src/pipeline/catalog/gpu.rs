@@ -120,10 +120,6 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
 /// smallest GPU is too small is kept out however large its others are.
 fn amd_terms(memory: u64, mixed: &[String]) -> Vec<NodeSelectorTerm> {
     let small = amd::too_small(memory);
-    let term = |all: Vec<NodeSelectorRequirement>| NodeSelectorTerm {
-        match_expressions: Some(all),
-        ..Default::default()
-    };
     let mut alike = vec![requirement(amd::VRAM, "Exists", &[])];
     if !small.is_empty() {
         alike.push(requirement(amd::VRAM, "NotIn", &small));
@@ -168,24 +164,29 @@ fn requirement(key: &str, operator: &str, values: &[String]) -> NodeSelectorRequ
     }
 }
 
+/// A term that holds where all of `requirements` do.
+fn term(requirements: Vec<NodeSelectorRequirement>) -> NodeSelectorTerm {
+    NodeSelectorTerm {
+        match_expressions: Some(requirements),
+        ..Default::default()
+    }
+}
+
 /// The terms of `node` on GPUs shared by `n` pods, as the label `shared` counts them: for one,
 /// with no such label or one of 0 or 1.
 fn shared_terms(node: Vec<NodeSelectorRequirement>, shared: &str, n: u64) -> Vec<NodeSelectorTerm> {
-    let term = |sharing: NodeSelectorRequirement| {
+    let with = |sharing: NodeSelectorRequirement| {
         let mut all = node.clone();
         all.push(sharing);
-        NodeSelectorTerm {
-            match_expressions: Some(all),
-            ..Default::default()
-        }
+        term(all)
     };
     if n == 1 {
         vec![
-            term(requirement(shared, "DoesNotExist", &[])),
-            term(requirement(shared, "In", &["0".into(), "1".into()])),
+            with(requirement(shared, "DoesNotExist", &[])),
+            with(requirement(shared, "In", &["0".into(), "1".into()])),
         ]
     } else {
-        vec![term(requirement(shared, "In", &[n.to_string()]))]
+        vec![with(requirement(shared, "In", &[n.to_string()]))]
     }
 }
 
