@@ -6,7 +6,7 @@
 //! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
 //! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
 //! memory, a time-sliced share by its part of the GPU, a GKE node without GFD by the memory of its
-//! accelerator, an AMD GPU by the size AMD's labeller gives it in GiB, and a replica of two
+//! accelerator, an EKS node without GFD by its instance type's GPUs, an AMD GPU by the size AMD's labeller gives it in GiB, and a replica of two
 //! shares is refused. A node whose replicas label is no count is left out, named with that
 //! label in Check's message, and the scheduler keeps the pod off it.
 //!
@@ -124,6 +124,26 @@ fn gke_node(name: &str, pool: &str) -> serde_json::Value {
         "cloud.google.com/gke-accelerator".into(),
         "nvidia-tesla-t4".into(),
     );
+    node
+}
+
+/// A kwok node of EC2 instance type `instance` as EKS makes one with NVIDIA's device plugin and
+/// no GFD: its type in `node.kubernetes.io/instance-type`, no label of its GPUs, and `host` of
+/// CPUs and memory (the scheduler prefers the emptier node).
+fn ec2_node(
+    name: &str,
+    pool: &str,
+    instance: &str,
+    (cpu, memory): (&str, &str),
+) -> serde_json::Value {
+    let mut node = gke_node(name, pool);
+    let labels = node["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove("cloud.google.com/gke-accelerator");
+    labels.insert("node.kubernetes.io/instance-type".into(), instance.into());
+    for field in ["capacity", "allocatable"] {
+        node["status"][field]["cpu"] = cpu.into();
+        node["status"][field]["memory"] = memory.into();
+    }
     node
 }
 
@@ -369,6 +389,66 @@ async fn amd_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
     drop(nodes);
 }
 
+/// EKS nodes without GFD in pool `<pool>-ec2`: a g4dn (one T4, 15 GiB) that is the emptier, a
+/// g5 (one A10G, 22.5 GiB), and a g6f, whose fractional L4 modelserve does not size. A one-GPU
+/// model checked by an operator that keeps 15 GiB of each GPU free, so that a T4 holds nothing:
+/// it must be planned on the A10G's memory, say which type it assumed and why the g6f is left
+/// out, and go to the g5 by its node affinity.
+async fn ec2_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
+    let pool = format!("{pool}-ec2");
+    let nodes = GpuNodes {
+        tb,
+        names: ["g4dn", "g5", "g6f"]
+            .map(|t| format!("{pool}-{t}"))
+            .to_vec(),
+    };
+    let (empty, busy) = (("64", "256Gi"), ("4", "3Gi"));
+    let types = [
+        ("g4dn.xlarge", empty),
+        ("g5.xlarge", busy),
+        ("g6f.large", empty),
+    ];
+    for (name, (instance, host)) in nodes.names.iter().zip(types) {
+        apply_node(tb, &ec2_node(name, &pool, instance, host));
+    }
+    let ns = tb.namespace("ec2");
+    let _op = Operator::start_with(
+        tb,
+        &ns.name,
+        hub,
+        &["--mirror-url", mirror, "--gpu-headroom", "15Gi"],
+    );
+    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let on = ("nvidia.com/gpu", nodes.names[1].as_str());
+    let (check, affinity) = alone(&api, &pods, ("eks", &pool), on).await;
+    assert_eq!(check.gpu_memory_bytes, Some(23028 << 20));
+    assert_eq!(check.gpu_layers, check.layers, "full offload: {check:#?}");
+    assert_eq!(check.ec2_instance_types, ["g5.xlarge"]);
+    assert_eq!(check.devices[0].product.as_deref(), Some("NVIDIA-A10G"));
+    let basis = check.basis.unwrap_or_default();
+    assert!(
+        basis.contains(
+            "the GPUs of their node.kubernetes.io/instance-type (g5.xlarge NVIDIA-A10G 22.5 GiB)"
+        ),
+        "{basis}"
+    );
+    assert!(
+        basis.contains(&format!(
+            "left out ({}: node.kubernetes.io/instance-type=\"g6f.large\" is not an EC2 type whose GPUs modelserve knows",
+            nodes.names[2]
+        )),
+        "{basis}"
+    );
+    assert!(
+        affinity.contains(
+            r#"{"key":"node.kubernetes.io/instance-type","operator":"In","values":["g5.xlarge"]}"#
+        ),
+        "{affinity}"
+    );
+    drop(nodes);
+}
+
 #[tokio::test]
 async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_and_failures_name_the_gpus()
  {
@@ -566,6 +646,8 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     );
     // AMD's GPUs, labelled in GiB.
     amd_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
+    // EKS nodes without GFD, sized by their instance type.
+    ec2_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
     // Two of those shares may be one GPU: a replica of two GPUs is refused there, saying why.
     let mut spec = gpu_model(&pool, 2);
     spec["engine"]["gpuResource"] = SHARED.into();

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
-use crate::pipeline::check::gpu::{MOST_SHARED_BY, amd, gke, memory_label, sharing_label};
+use crate::pipeline::check::gpu::{
+    MOST_SHARED_BY, amd, at_least, ec2, gke, memory_label, sharing_label,
+};
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
 /// off because the operator decided them. The flag is known from this build (the newest read
@@ -58,8 +60,8 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// or MPS) gives each a Nth, which the scheduler cannot divide: one term per sharing count the
 /// Check stage planned over, each asking N times the memory of a GPU shared that way, and GPUs
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
-/// Where the placement also held on GKE nodes that GFD does not label, terms naming the GKE
-/// accelerators whose known memory is enough for each sharing count. AMD's GPUs, whose label is
+/// Where the placement also held on GKE or EC2 nodes that GFD does not label, terms naming the
+/// GKE accelerators or EC2 instance types whose known memory is enough for each sharing count. AMD's GPUs, whose label is
 /// a size such as 16G, by the sizes too small (`amd_terms`).
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
@@ -98,17 +100,36 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
         terms.extend(shared_terms(gfd(*n), &shared, *n));
     }
     if resource == gke::RESOURCE {
-        for n in &by {
-            let names = gke::at_least(&check.gke_accelerators, memory, *n);
-            if names.is_empty() {
-                continue;
+        // Nodes GFD does not label, by the GPUs their GKE accelerator or EC2 type names.
+        let known = [
+            (
+                gke::ACCELERATOR,
+                &check.gke_accelerators,
+                gke::memory_mib as fn(&str) -> Option<u64>,
+                gke::SHARED_CLIENTS,
+            ),
+            (
+                ec2::INSTANCE_TYPE,
+                &check.ec2_instance_types,
+                ec2::memory_mib,
+                shared.as_str(),
+            ),
+        ];
+        for (label, names, mib, sharing) in known {
+            for n in &by {
+                let names = at_least(names, mib, memory, *n);
+                if names.is_empty() {
+                    continue;
+                }
+                let mut node = vec![
+                    requirement(label, "In", &names),
+                    requirement(&key, "DoesNotExist", &[]),
+                ];
+                if label == gke::ACCELERATOR {
+                    node.push(requirement(gke::PARTITION, "DoesNotExist", &[]));
+                }
+                terms.extend(shared_terms(node, sharing, *n));
             }
-            let node = vec![
-                requirement(gke::ACCELERATOR, "In", &names),
-                requirement(&key, "DoesNotExist", &[]),
-                requirement(gke::PARTITION, "DoesNotExist", &[]),
-            ];
-            terms.extend(shared_terms(node, gke::SHARED_CLIENTS, *n));
         }
     }
     Some(required(terms))
@@ -416,6 +437,42 @@ mod tests {
             serde_json::json!({"accelerator": "cuda", "gpuResource": "nvidia.com/gpu.shared"}),
         );
         assert_eq!(terms(affinity(&shared, &c).unwrap()).len(), 2);
+    }
+
+    #[test]
+    fn ec2_nodes_without_gfd_are_admitted_by_instance_types_large_enough() {
+        // Planned on 20 GiB over a g5 (A10G, 22.5 GiB) and a g4dn (T4, 15 GiB) listed as seen:
+        // the g4dn's GPU is too small and is kept out; a GFD label still wins where there is one.
+        let cuda = engine(serde_json::json!({"accelerator": "cuda"}));
+        let mut c = placed(33, None, 20 << 30);
+        c.ec2_instance_types = vec!["g5.2xlarge".into(), "g4dn.xlarge".into()];
+        let all = requirements(affinity(&cuda, &c).unwrap());
+        let node = |values: Vec<String>| {
+            vec![
+                (
+                    ec2::INSTANCE_TYPE.to_string(),
+                    "In".to_string(),
+                    vec!["g5.2xlarge".into()],
+                ),
+                (NVIDIA_MEMORY.into(), "DoesNotExist".into(), vec![]),
+                (
+                    "nvidia.com/gpu.replicas".into(),
+                    if values.is_empty() {
+                        "DoesNotExist"
+                    } else {
+                        "In"
+                    }
+                    .into(),
+                    values,
+                ),
+            ]
+        };
+        assert_eq!(all.len(), 4, "{all:?}");
+        assert_eq!(all[2..], [node(vec![]), node(vec!["0".into(), "1".into()])]);
+        // More than a g5 holds: no EC2 term, and GFD's alone.
+        let mut c = placed(33, None, 23 << 30);
+        c.ec2_instance_types = vec!["g5.2xlarge".into()];
+        assert_eq!(terms(affinity(&cuda, &c).unwrap()).len(), 2);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use crate::gguf::offload::{self, Decision, Device, Placement};
 use crate::units::human_bytes;
 
 pub mod amd;
+pub mod ec2;
 pub mod gke;
 mod nodes;
 mod request;
@@ -35,6 +36,9 @@ pub struct Plan {
     /// The GKE accelerators of the nodes in `nodes` whose GPU memory is what modelserve knows
     /// of the model, GFD labelling none, in name order.
     pub gke: Vec<String>,
+    /// The EC2 instance types of the nodes in `nodes` whose GPU memory is what modelserve knows
+    /// of the type's family, GFD labelling none, in name order.
+    pub ec2: Vec<String>,
     /// The size labels of the smallest GPUs of the nodes in `nodes` whose AMD GPUs differ in
     /// size (`64G` of `amd.com/gpu.vram.64G`), each once.
     pub amd_mixed: Vec<String>,
@@ -201,9 +205,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         .copied()
         .filter(|n| n.known().is_some_and(|m| m >= class.memory))
         .collect();
-    let mut shared_by: Vec<u32> = chosen.iter().map(|n| n.shared_by).collect();
-    shared_by.sort_unstable();
-    shared_by.dedup();
+    let shared_by = distinct(chosen.iter().map(|n| n.shared_by));
     let mut message = message;
     if let Some(most) = shared_by.last().filter(|by| **by > 1) {
         message = format!(
@@ -211,21 +213,24 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             sharing_label(&req.resource).unwrap_or_default()
         );
     }
-    let mut amd_mixed: Vec<String> = chosen.iter().filter_map(|n| n.amd_mixed.clone()).collect();
-    amd_mixed.sort_unstable();
-    amd_mixed.dedup();
-    let mut gke: Vec<String> = chosen.iter().filter_map(|n| n.gke.clone()).collect();
-    gke.sort_unstable();
-    gke.dedup();
+    let amd_mixed = distinct(chosen.iter().filter_map(|n| n.amd_mixed.clone()));
+    let gke = distinct(chosen.iter().filter_map(|n| n.gke.clone()));
     if !gke.is_empty() {
-        let known: Vec<String> = gke
-            .iter()
-            .map(|g| format!("{g} {}", human_bytes(gke::memory_mib(g).unwrap_or(0) << 20)))
-            .collect();
         message = format!(
             "{message}; GKE nodes that GPU Feature Discovery does not label are taken to have the memory of their {} ({}): set engine.gpuMemory where a pod gets less",
             gke::ACCELERATOR,
-            known.join(", ")
+            sizes(&gke, |g| format!("{g} {}", mib_text(gke::memory_mib(g))))
+        );
+    }
+    let ec2 = distinct(chosen.iter().filter_map(|n| n.ec2.clone()));
+    if !ec2.is_empty() {
+        message = format!(
+            "{message}; EC2 nodes that GPU Feature Discovery does not label are taken to have the GPUs of their {} ({}): set engine.gpuMemory where a pod gets less",
+            ec2::INSTANCE_TYPE,
+            sizes(&ec2, |t| {
+                let gpu = ec2::gpu(t).map(|(gpu, _)| gpu).unwrap_or("GPU");
+                format!("{t} {gpu} {}", mib_text(ec2::memory_mib(t)))
+            })
         );
     }
     if !unknown.is_empty() {
@@ -238,12 +243,47 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         memory: class.memory,
         labelled: class.labelled,
         gke,
+        ec2,
         amd_mixed,
         product: class.product.clone(),
         nodes: chosen.iter().map(|n| n.node.clone()).collect(),
         shared_by,
         message,
     })
+}
+
+/// `names`, each as `text` says it, in a list.
+fn sizes(names: &[String], text: impl Fn(&str) -> String) -> String {
+    names.iter().map(|n| text(n)).collect::<Vec<_>>().join(", ")
+}
+
+/// A GPU's memory in MiB, as a size.
+fn mib_text(mib: Option<u64>) -> String {
+    human_bytes(mib.unwrap_or(0) << 20)
+}
+
+/// Each of `items` once, in order.
+fn distinct<T: Ord>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut all: Vec<T> = items.collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+/// Of `names`, those each of whose GPUs, by the memory in MiB `mib` knows of them, gives each of
+/// `by` pods that share it at least `bytes`, in the order given (GKE accelerators, EC2 types).
+pub fn at_least(
+    names: &[String],
+    mib: fn(&str) -> Option<u64>,
+    bytes: u64,
+    by: u64,
+) -> Vec<String> {
+    let need = bytes.saturating_mul(by);
+    names
+        .iter()
+        .filter(|n| mib(n).is_some_and(|mib| mib << 20 >= need))
+        .cloned()
+        .collect()
 }
 
 /// A placement the spec forces (engine.gpuLayers), judged against the GPUs like a decision.
@@ -321,6 +361,7 @@ mod tests {
             shared_by: 1,
             labelled: memory.is_some(),
             gke: None,
+            ec2: None,
             amd_mixed: None,
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
@@ -377,6 +418,23 @@ mod tests {
         let p = plan(&small, &flags(), &nodes[..1], &request(1)).unwrap();
         assert!(
             p.gke.is_empty() && !p.message.contains("GKE"),
+            "{}",
+            p.message
+        );
+        // An EC2 node without GFD, the same way: the type, its GPU and that GPU's memory.
+        let mut g5 = node("eks-g5", 1, Some(23028 << 20), None);
+        g5.ec2 = Some("g5.2xlarge".into());
+        let p = plan(&h, &flags(), &[nodes[0].clone(), g5], &request(1)).unwrap();
+        assert_eq!(
+            (p.nodes, p.ec2),
+            (vec!["eks-g5".into()], vec!["g5.2xlarge".into()])
+        );
+        assert!(
+            p.message.ends_with(
+                "; EC2 nodes that GPU Feature Discovery does not label are taken to have the \
+                 GPUs of their node.kubernetes.io/instance-type (g5.2xlarge NVIDIA-A10G 22.5 \
+                 GiB): set engine.gpuMemory where a pod gets less"
+            ),
             "{}",
             p.message
         );

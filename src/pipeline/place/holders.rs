@@ -262,6 +262,7 @@ mod tests {
             shared_by: 1,
             labelled: memory.is_some(),
             gke: None,
+            ec2: None,
             amd_mixed: None,
             product: None,
             driver_major: None,

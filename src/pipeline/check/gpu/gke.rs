@@ -78,20 +78,10 @@ pub fn shared_by(labels: &BTreeMap<String, String>, resource: &str) -> Option<Re
     })
 }
 
-/// Of `names`, the GKE accelerators each of whose GPUs, shared by `by` pods, gives each pod at
-/// least `bytes`, in the order given.
-pub fn at_least(names: &[String], bytes: u64, by: u64) -> Vec<String> {
-    let need = bytes.saturating_mul(by);
-    names
-        .iter()
-        .filter(|n| memory_mib(n).is_some_and(|mib| mib << 20 >= need))
-        .cloned()
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::check::gpu::at_least;
     use crate::pipeline::check::test_labels as labels;
 
     #[test]
@@ -162,13 +152,16 @@ mod tests {
             .to_vec();
         // 15 GiB: an L4 or a T4 alone; an unknown model never.
         assert_eq!(
-            at_least(&names, 15 << 30, 1),
+            at_least(&names, memory_mib, 15 << 30, 1),
             ["nvidia-l4", "nvidia-tesla-t4"]
         );
-        assert_eq!(at_least(&names, (15 << 30) + 1, 1), ["nvidia-l4"]);
+        assert_eq!(
+            at_least(&names, memory_mib, (15 << 30) + 1, 1),
+            ["nvidia-l4"]
+        );
         // An L4 shared two ways gives each pod 11517 MiB.
-        assert_eq!(at_least(&names, 11517 << 20, 2), ["nvidia-l4"]);
-        assert!(at_least(&names, (11517 << 20) + 1, 2).is_empty());
-        assert!(at_least(&names, u64::MAX, 1024).is_empty());
+        assert_eq!(at_least(&names, memory_mib, 11517 << 20, 2), ["nvidia-l4"]);
+        assert!(at_least(&names, memory_mib, (11517 << 20) + 1, 2).is_empty());
+        assert!(at_least(&names, memory_mib, u64::MAX, 1024).is_empty());
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Request, amd, gke};
+use super::{Request, amd, ec2, gke};
 use crate::units::parse_quantity;
 
 /// GPU Feature Discovery's labels: memory of one GPU in MiB, its model, the driver's CUDA major.
@@ -65,6 +65,8 @@ pub struct NodeGpus {
     pub labelled: bool,
     /// The GKE accelerator whose known memory `memory` is, on a node GFD does not label.
     pub gke: Option<String>,
+    /// The EC2 instance type whose GPUs' known memory `memory` is, on a node GFD does not label.
+    pub ec2: Option<String>,
     /// On a node whose AMD GPUs differ in size, the size label of the smallest (`64G` of
     /// `amd.com/gpu.vram.64G`), whose memory `memory` is.
     pub amd_mixed: Option<String>,
@@ -119,14 +121,21 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                     .and_then(|q| parse_quantity(&q.0))
             };
             let shared_by = shared_by(labels, &req.resource);
-            let (whole, gke) = gpu_memory(labels, &req.resource);
+            let (whole, known) = gpu_memory(labels, &req.resource);
             let labelled = whole.and_then(|m| Ok(m / u64::from(shared_by.clone()?)));
+            let assumed = |label: &str| {
+                known
+                    .as_ref()
+                    .filter(|(l, _)| *l == label && req.memory.is_none() && labelled.is_ok())
+                    .map(|(_, name)| name.clone())
+            };
             NodeGpus {
                 node: n.name_any(),
                 count: get(&req.resource).map_or(0, |c| c.min(1024) as u32),
                 shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_ok(),
-                gke: gke.filter(|_| req.memory.is_none() && labelled.is_ok()),
+                gke: assumed(gke::ACCELERATOR),
+                ec2: assumed(ec2::INSTANCE_TYPE),
                 amd_mixed: amd::is_amd(&req.resource)
                     .then(|| amd::vram(labels).ok()?.1)
                     .flatten()
@@ -140,19 +149,23 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
         .collect()
 }
 
-/// One GPU's memory from the node's labels, and on a GKE node that GFD does not label, the
-/// accelerator whose memory it is.
+/// One GPU's memory from the node's labels, and on a GKE or EC2 node that GFD does not label,
+/// the label whose value's known GPUs it is the memory of, and that value.
 fn gpu_memory(
     labels: &BTreeMap<String, String>,
     resource: &str,
-) -> (Result<u64, String>, Option<String>) {
+) -> (Result<u64, String>, Option<(&'static str, String)>) {
     let labelled = label_memory(labels, resource);
     if labelled.is_ok() || labels.contains_key(NVIDIA_MEMORY) {
         return (labelled, None);
     }
-    match gke::label_memory(labels, resource) {
-        Some(Ok((memory, name))) => (Ok(memory), Some(name)),
-        Some(Err(why)) => (Err(why), None),
+    let known = [
+        (gke::ACCELERATOR, gke::label_memory(labels, resource)),
+        (ec2::INSTANCE_TYPE, ec2::label_memory(labels, resource)),
+    ];
+    match known.into_iter().find_map(|(l, m)| Some((l, m?))) {
+        Some((label, Ok((memory, name)))) => (Ok(memory), Some((label, name))),
+        Some((_, Err(why))) => (Err(why), None),
         None => (labelled, None),
     }
 }
@@ -228,7 +241,8 @@ fn product(labels: &BTreeMap<String, String>, resource: &str) -> Option<String> 
         .get(NVIDIA_PRODUCT)
         .or_else(|| labels.get(amd::PRODUCT))
         .or_else(|| labels.get(gke::ACCELERATOR))
-        .cloned();
+        .cloned()
+        .or_else(|| ec2::product(labels, resource));
     match resource.strip_prefix(MIG_PREFIX) {
         Some(profile) => Some(format!("{}-MIG-{profile}", gpu.as_deref().unwrap_or("GPU"))),
         None => gpu,
@@ -438,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gke_node_without_gfd_is_sized_by_its_accelerator_and_gfd_wins_where_it_labels() {
+    fn a_gke_or_ec2_node_without_gfd_is_sized_by_its_gpus_model_and_gfd_wins_where_it_labels() {
         let gpu = "nvidia.com/gpu";
         let names = ["n".to_string()];
         let gke_node = |labels: serde_json::Value, count: u32| -> Arc<Node> {
@@ -469,6 +483,22 @@ mod tests {
         // engine.gpuMemory: neither label.
         let n = node_gpus(&[gke_node(l4, 1)], &names, &request(gpu, Some(8 << 30))).remove(0);
         assert_eq!((n.memory, n.labelled, n.gke), (Ok(8 << 30), false, None));
+        // On EKS, the GPUs of the EC2 type; GFD's label wins there too.
+        let mut g5 = serde_json::json!({ec2::INSTANCE_TYPE: "g5.2xlarge"});
+        let n = node_gpus(&[gke_node(g5.clone(), 1)], &names, &request(gpu, None)).remove(0);
+        let known = (n.memory, n.gke, n.ec2.as_deref(), n.product.as_deref());
+        assert_eq!(
+            known,
+            (
+                Ok(23028 << 20),
+                None,
+                Some("g5.2xlarge"),
+                Some("NVIDIA-A10G")
+            )
+        );
+        g5[NVIDIA_MEMORY] = "23000".into();
+        let n = node_gpus(&[gke_node(g5, 1)], &names, &request(gpu, None)).remove(0);
+        assert_eq!((n.memory, n.ec2), (Ok(23000 << 20), None));
         // A model modelserve does not know is unknown memory, saying why.
         let b200 = serde_json::json!({gke::ACCELERATOR: "nvidia-b200"});
         let n = node_gpus(&[gke_node(b200, 8)], &names, &request(gpu, None)).remove(0);
