@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::PostParams;
 use modelserve::api::{ModelServe, ModelServeStatus};
 use support::fake_hub::FakeHub;
-use support::{Operator, Testbed, condition, eventually, model_pod, start_mirror};
+use support::{Namespace, Operator, Testbed, condition, eventually, model_pod, start_mirror};
 
 /// Nodes the test makes, deleted when it ends however it ends.
 struct GpuNodes<'a> {
@@ -208,6 +208,22 @@ fn gpu_model(pool: &str, gpus: u32) -> serde_json::Value {
     })
 }
 
+/// A namespace `prefix-…` with its own operator, which keeps `headroom` of each GPU free, and its
+/// ModelServes and pods; both last as long as the first two.
+async fn checked_by<'a>(
+    tb: &'a Testbed,
+    prefix: &str,
+    (hub, mirror): (&str, &str),
+    headroom: &str,
+) -> (Namespace<'a>, Operator, Api<ModelServe>, Api<Pod>) {
+    let ns = tb.namespace(prefix);
+    let args = ["--mirror-url", mirror, "--gpu-headroom", headroom];
+    let op = Operator::start_with(tb, &ns.name, hub, &args);
+    let api = Api::namespaced(tb.client().await, &ns.name);
+    let pods = Api::namespaced(tb.client().await, &ns.name);
+    (ns, op, api, pods)
+}
+
 /// A one-GPU model in a namespace whose pods the kwok fault stage of `prefix` fails
 /// (testbed/kwok/pod-faults.yaml), checked by its own operator, once Placed is False with
 /// `reason`: the Placed message, printed, and the status.
@@ -218,14 +234,7 @@ async fn faulted(
     pool: &str,
     reason: &str,
 ) -> (String, ModelServeStatus) {
-    let ns = tb.namespace(prefix);
-    let _op = Operator::start_with(
-        tb,
-        &ns.name,
-        hub,
-        &["--mirror-url", mirror, "--gpu-headroom", "4Mi"],
-    );
-    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
+    let (_ns, _op, api, _) = checked_by(tb, prefix, (hub, mirror), "4Mi").await;
     let ms = ModelServe::new(prefix, serde_json::from_value(gpu_model(pool, 1)).unwrap());
     api.create(&PostParams::default(), &ms).await.unwrap();
     let s = until(&api, prefix, "Placed", ("False", reason), 240).await;
@@ -340,15 +349,7 @@ async fn amd_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
     ] {
         apply_node(tb, &node);
     }
-    let ns = tb.namespace("amd");
-    let _op = Operator::start_with(
-        tb,
-        &ns.name,
-        hub,
-        &["--mirror-url", mirror, "--gpu-headroom", "768Mi"],
-    );
-    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
-    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let (_ns, _op, api, pods) = checked_by(tb, "amd", (hub, mirror), "768Mi").await;
     let too_small = r#"{"key":"amd.com/gpu.vram","operator":"NotIn","values":["1G"]}"#;
     let placed = [
         ("rocm", &alike, &nodes.names[1], too_small),
@@ -411,15 +412,7 @@ async fn ec2_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
     for (name, (instance, host)) in nodes.names.iter().zip(types) {
         apply_node(tb, &ec2_node(name, &pool, instance, host));
     }
-    let ns = tb.namespace("ec2");
-    let _op = Operator::start_with(
-        tb,
-        &ns.name,
-        hub,
-        &["--mirror-url", mirror, "--gpu-headroom", "15Gi"],
-    );
-    let api: Api<ModelServe> = Api::namespaced(tb.client().await, &ns.name);
-    let pods: Api<Pod> = Api::namespaced(tb.client().await, &ns.name);
+    let (_ns, _op, api, pods) = checked_by(tb, "ec2", (hub, mirror), "15Gi").await;
     let on = ("nvidia.com/gpu", nodes.names[1].as_str());
     let (check, affinity) = alone(&api, &pods, ("eks", &pool), on).await;
     assert_eq!(check.gpu_memory_bytes, Some(23028 << 20));
