@@ -6,7 +6,7 @@
 //! holds them), and in the kubelet's, an engine whose CUDA is newer than the node's driver and a
 //! GPU with less free memory than the engine allocates. A MIG slice is placed by its profile's
 //! memory, a time-sliced share by its part of the GPU, a GKE node without GFD by the memory of its
-//! accelerator, an EKS node without GFD by its instance type's GPUs, an AMD GPU by the size AMD's labeller gives it in GiB, and a replica of two
+//! accelerator, an EKS or AKS node without GFD by its instance type's GPUs, an AMD GPU by the size AMD's labeller gives it in GiB, and a replica of two
 //! shares is refused. A node whose replicas label is no count is left out, named with that
 //! label in Check's message, and the scheduler keeps the pod off it.
 //!
@@ -127,10 +127,10 @@ fn gke_node(name: &str, pool: &str) -> serde_json::Value {
     node
 }
 
-/// A kwok node of EC2 instance type `instance` as EKS makes one with NVIDIA's device plugin and
-/// no GFD: its type in `node.kubernetes.io/instance-type`, no label of its GPUs, and `host` of
-/// CPUs and memory (the scheduler prefers the emptier node).
-fn ec2_node(
+/// A kwok node of instance type `instance` as EKS or AKS makes one with NVIDIA's device plugin
+/// and no GFD: its type in `node.kubernetes.io/instance-type`, no label of its GPUs, and `host`
+/// of CPUs and memory (the scheduler prefers the emptier node).
+fn instance_node(
     name: &str,
     pool: &str,
     instance: &str,
@@ -390,55 +390,59 @@ async fn amd_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
     drop(nodes);
 }
 
-/// EKS nodes without GFD in pool `<pool>-ec2`: a g4dn (one T4, 15 GiB) that is the emptier, a
-/// g5 (one A10G, 22.5 GiB), and a g6f, whose fractional L4 modelserve does not size. A one-GPU
-/// model checked by an operator that keeps 15 GiB of each GPU free, so that a T4 holds nothing:
-/// it must be planned on the A10G's memory, say which type it assumed and why the g6f is left
-/// out, and go to the g5 by its node affinity.
-async fn ec2_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
-    let pool = format!("{pool}-ec2");
+/// EKS and AKS nodes without GFD in pool `<pool>-cloud`: a g4dn (one T4, 15 GiB) that is the
+/// emptier, a g5 (one A10G, 22.5 GiB), an Azure NC24ads A100 v4 (one A100, 80 GiB) that is the
+/// busiest, and a g6f, whose fractional L4 modelserve does not size. A one-GPU model checked by
+/// an operator that keeps 15 GiB of each GPU free, so that a T4 holds nothing: it must be planned
+/// on the A10G's memory, say which types it assumed and why the g6f is left out, and go to the
+/// g5 by its node affinity, which admits the A100 too.
+async fn instance_type_gpus(tb: &Testbed, (hub, mirror): (&str, &str), pool: &str) {
+    let pool = format!("{pool}-cloud");
     let nodes = GpuNodes {
         tb,
-        names: ["g4dn", "g5", "g6f"]
+        names: ["g4dn", "g5", "g6f", "aks-a100"]
             .map(|t| format!("{pool}-{t}"))
             .to_vec(),
     };
     let (empty, busy) = (("64", "256Gi"), ("4", "3Gi"));
+    let a100 = "Standard_NC24ads_A100_v4";
     let types = [
         ("g4dn.xlarge", empty),
         ("g5.xlarge", busy),
         ("g6f.large", empty),
+        (a100, ("2", "1Gi")),
     ];
     for (name, (instance, host)) in nodes.names.iter().zip(types) {
-        apply_node(tb, &ec2_node(name, &pool, instance, host));
+        apply_node(tb, &instance_node(name, &pool, instance, host));
     }
-    let (_ns, _op, api, pods) = checked_by(tb, "ec2", (hub, mirror), "15Gi").await;
+    let (_ns, _op, api, pods) = checked_by(tb, "cloud", (hub, mirror), "15Gi").await;
     let on = ("nvidia.com/gpu", nodes.names[1].as_str());
     let (check, affinity) = alone(&api, &pods, ("eks", &pool), on).await;
     assert_eq!(check.gpu_memory_bytes, Some(23028 << 20));
     assert_eq!(check.gpu_layers, check.layers, "full offload: {check:#?}");
-    assert_eq!(check.ec2_instance_types, ["g5.xlarge"]);
+    assert_eq!(check.instance_types, [a100, "g5.xlarge"]);
     assert_eq!(check.devices[0].product.as_deref(), Some("NVIDIA-A10G"));
     let basis = check.basis.unwrap_or_default();
     assert!(
-        basis.contains(
-            "the GPUs of their node.kubernetes.io/instance-type (g5.xlarge NVIDIA-A10G 22.5 GiB)"
-        ),
-        "{basis}"
-    );
-    assert!(
         basis.contains(&format!(
-            "left out ({}: node.kubernetes.io/instance-type=\"g6f.large\" is not an EC2 type whose GPUs modelserve knows",
-            nodes.names[2]
+            "EC2 and Azure nodes that GPU Feature Discovery does not label are taken to have the \
+             GPUs of their node.kubernetes.io/instance-type ({a100} NVIDIA-A100-80GB 80.0 GiB, \
+             g5.xlarge NVIDIA-A10G 22.5 GiB)"
         )),
         "{basis}"
     );
     assert!(
-        affinity.contains(
-            r#"{"key":"node.kubernetes.io/instance-type","operator":"In","values":["g5.xlarge"]}"#
-        ),
-        "{affinity}"
+        basis.contains(&format!(
+            "left out ({}: node.kubernetes.io/instance-type=\"g6f.large\" is not an EC2 type \
+             whose GPUs modelserve knows",
+            nodes.names[2]
+        )),
+        "{basis}"
     );
+    let term = format!(
+        r#"{{"key":"node.kubernetes.io/instance-type","operator":"In","values":["{a100}","g5.xlarge"]}}"#
+    );
+    assert!(affinity.contains(&term), "{affinity}");
     drop(nodes);
 }
 
@@ -639,8 +643,8 @@ async fn gpu_models_are_placed_by_the_real_scheduler_with_the_computed_offload_a
     );
     // AMD's GPUs, labelled in GiB.
     amd_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
-    // EKS nodes without GFD, sized by their instance type.
-    ec2_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
+    // EKS and AKS nodes without GFD, sized by their instance type.
+    instance_type_gpus(&tb, (&hub.url, &mirror_url), &pool).await;
     // Two of those shares may be one GPU: a replica of two GPUs is refused there, saying why.
     let mut spec = gpu_model(&pool, 2);
     spec["engine"]["gpuResource"] = SHARED.into();

@@ -171,9 +171,9 @@ pub struct CheckStatus {
     /// GKE accelerators (cloud.google.com/gke-accelerator) of the nodes the placement holds on whose GPUs no GPU Feature Discovery label sizes: their memory is what modelserve knows of the model, and replicas go to nodes of these too where each pod's share of a GPU is at least gpuMemoryBytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gke_accelerators: Vec<String>,
-    /// EC2 instance types (node.kubernetes.io/instance-type) of the nodes the placement holds on whose GPUs no GPU Feature Discovery label sizes: their memory is what modelserve knows of the type's family (g5: A10G), and replicas go to nodes of these types too where each pod's share of a GPU is at least gpuMemoryBytes.
+    /// Instance types (node.kubernetes.io/instance-type) of the EC2 or Azure nodes the placement holds on whose GPUs no GPU Feature Discovery label sizes: their memory is what modelserve knows of the type (g5.2xlarge: A10G), and replicas go to nodes of these types too where each pod's share of a GPU is at least gpuMemoryBytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ec2_instance_types: Vec<String>,
+    pub instance_types: Vec<String>,
     /// On the nodes the placement holds on whose AMD GPUs differ in size (one amd.com/gpu.vram.<size> label per size), the size of the smallest GPUs, such as 64G, each size once: replicas go to such nodes with one of these and no size too small for gpuMemoryBytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub amd_mixed_sizes: Vec<String>,

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::api::{CheckStatus, EngineSpec, SplitMode};
 use crate::pipeline::check::gpu::{
-    MOST_SHARED_BY, amd, at_least, ec2, gke, memory_label, sharing_label,
+    MOST_SHARED_BY, amd, at_least, gke, instance, memory_label, sharing_label,
 };
 
 /// llama-server's --fit, which would change a -ngl and --tensor-split it was not given; switched
@@ -60,8 +60,9 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// or MPS) gives each a Nth, which the scheduler cannot divide: one term per sharing count the
 /// Check stage planned over, each asking N times the memory of a GPU shared that way, and GPUs
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
-/// Where the placement also held on GKE or EC2 nodes that GFD does not label, terms naming the
-/// GKE accelerators or EC2 instance types whose known memory is enough for each sharing count. AMD's GPUs, whose label is
+/// Where the placement also held on GKE, EC2 or Azure nodes that GFD does not label, terms
+/// naming the GKE accelerators or instance types whose known memory is enough for each sharing
+/// count. AMD's GPUs, whose label is
 /// a size such as 16G, by the sizes too small (`amd_terms`).
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
@@ -100,7 +101,7 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
         terms.extend(shared_terms(gfd(*n), &shared, *n));
     }
     if resource == gke::RESOURCE {
-        // Nodes GFD does not label, by the GPUs their GKE accelerator or EC2 type names.
+        // Nodes GFD does not label, by the GPUs their GKE accelerator or instance type names.
         let known = [
             (
                 gke::ACCELERATOR,
@@ -109,9 +110,9 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
                 gke::SHARED_CLIENTS,
             ),
             (
-                ec2::INSTANCE_TYPE,
-                &check.ec2_instance_types,
-                ec2::memory_mib,
+                instance::INSTANCE_TYPE,
+                &check.instance_types,
+                instance::memory_mib,
                 shared.as_str(),
             ),
         ];
@@ -440,38 +441,35 @@ mod tests {
     }
 
     #[test]
-    fn ec2_nodes_without_gfd_are_admitted_by_instance_types_large_enough() {
-        // Planned on 20 GiB over a g5 (A10G, 22.5 GiB) and a g4dn (T4, 15 GiB) listed as seen:
-        // the g4dn's GPU is too small and is kept out; a GFD label still wins where there is one.
+    fn eks_and_aks_nodes_without_gfd_are_admitted_by_instance_types_large_enough() {
+        // Planned on 20 GiB over an Azure A100 80GB, a g5 (A10G, 22.5 GiB) and a g4dn (T4,
+        // 15 GiB) listed as seen: the g4dn's GPU is too small and is kept out; a GFD label still
+        // wins where there is one.
         let cuda = engine(serde_json::json!({"accelerator": "cuda"}));
         let mut c = placed(33, None, 20 << 30);
-        c.ec2_instance_types = vec!["g5.2xlarge".into(), "g4dn.xlarge".into()];
+        let a100 = "Standard_NC24ads_A100_v4".to_string();
+        c.instance_types = vec![a100.clone(), "g5.2xlarge".into(), "g4dn.xlarge".into()];
         let all = requirements(affinity(&cuda, &c).unwrap());
-        let node = |values: Vec<String>| {
+        let node = |op: &str, values: &[&str]| {
+            let values = values.iter().map(|v| v.to_string()).collect();
             vec![
                 (
-                    ec2::INSTANCE_TYPE.to_string(),
+                    instance::INSTANCE_TYPE.to_string(),
                     "In".to_string(),
-                    vec!["g5.2xlarge".into()],
+                    vec![a100.clone(), "g5.2xlarge".into()],
                 ),
                 (NVIDIA_MEMORY.into(), "DoesNotExist".into(), vec![]),
-                (
-                    "nvidia.com/gpu.replicas".into(),
-                    if values.is_empty() {
-                        "DoesNotExist"
-                    } else {
-                        "In"
-                    }
-                    .into(),
-                    values,
-                ),
+                ("nvidia.com/gpu.replicas".into(), op.into(), values),
             ]
         };
         assert_eq!(all.len(), 4, "{all:?}");
-        assert_eq!(all[2..], [node(vec![]), node(vec!["0".into(), "1".into()])]);
-        // More than a g5 holds: no EC2 term, and GFD's alone.
+        assert_eq!(
+            all[2..],
+            [node("DoesNotExist", &[]), node("In", &["0", "1"])]
+        );
+        // More than a g5 holds: no instance type term, and GFD's alone.
         let mut c = placed(33, None, 23 << 30);
-        c.ec2_instance_types = vec!["g5.2xlarge".into()];
+        c.instance_types = vec!["g5.2xlarge".into()];
         assert_eq!(terms(affinity(&cuda, &c).unwrap()).len(), 2);
     }
 

@@ -14,8 +14,8 @@ use crate::gguf::offload::{self, Decision, Device, Placement};
 use crate::units::human_bytes;
 
 pub mod amd;
-pub mod ec2;
 pub mod gke;
+pub mod instance;
 mod nodes;
 mod request;
 
@@ -36,9 +36,9 @@ pub struct Plan {
     /// The GKE accelerators of the nodes in `nodes` whose GPU memory is what modelserve knows
     /// of the model, GFD labelling none, in name order.
     pub gke: Vec<String>,
-    /// The EC2 instance types of the nodes in `nodes` whose GPU memory is what modelserve knows
-    /// of the type's family, GFD labelling none, in name order.
-    pub ec2: Vec<String>,
+    /// The instance types of the nodes in `nodes` whose GPU memory is what modelserve knows of
+    /// the type (EC2, Azure), GFD labelling none, in name order.
+    pub instance_types: Vec<String>,
     /// The size labels of the smallest GPUs of the nodes in `nodes` whose AMD GPUs differ in
     /// size (`64G` of `amd.com/gpu.vram.64G`), each once.
     pub amd_mixed: Vec<String>,
@@ -222,14 +222,14 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
             sizes(&gke, |g| format!("{g} {}", mib_text(gke::memory_mib(g))))
         );
     }
-    let ec2 = distinct(chosen.iter().filter_map(|n| n.ec2.clone()));
-    if !ec2.is_empty() {
+    let instance_types = distinct(chosen.iter().filter_map(|n| n.instance_type.clone()));
+    if !instance_types.is_empty() {
         message = format!(
-            "{message}; EC2 nodes that GPU Feature Discovery does not label are taken to have the GPUs of their {} ({}): set engine.gpuMemory where a pod gets less",
-            ec2::INSTANCE_TYPE,
-            sizes(&ec2, |t| {
-                let gpu = ec2::gpu(t).map(|(gpu, _)| gpu).unwrap_or("GPU");
-                format!("{t} {gpu} {}", mib_text(ec2::memory_mib(t)))
+            "{message}; EC2 and Azure nodes that GPU Feature Discovery does not label are taken to have the GPUs of their {} ({}): set engine.gpuMemory where a pod gets less",
+            instance::INSTANCE_TYPE,
+            sizes(&instance_types, |t| {
+                let gpu = instance::gpu(t).map(|(gpu, _)| gpu).unwrap_or("GPU");
+                format!("{t} {gpu} {}", mib_text(instance::memory_mib(t)))
             })
         );
     }
@@ -243,7 +243,7 @@ pub fn plan(h: &Header, f: &Flags, nodes: &[NodeGpus], req: &Request) -> Result<
         memory: class.memory,
         labelled: class.labelled,
         gke,
-        ec2,
+        instance_types,
         amd_mixed,
         product: class.product.clone(),
         nodes: chosen.iter().map(|n| n.node.clone()).collect(),
@@ -271,7 +271,7 @@ fn distinct<T: Ord>(items: impl Iterator<Item = T>) -> Vec<T> {
 }
 
 /// Of `names`, those each of whose GPUs, by the memory in MiB `mib` knows of them, gives each of
-/// `by` pods that share it at least `bytes`, in the order given (GKE accelerators, EC2 types).
+/// `by` pods that share it at least `bytes`, in the order given (GKE accelerators, instance types).
 pub fn at_least(
     names: &[String],
     mib: fn(&str) -> Option<u64>,
@@ -361,7 +361,7 @@ mod tests {
             shared_by: 1,
             labelled: memory.is_some(),
             gke: None,
-            ec2: None,
+            instance_type: None,
             amd_mixed: None,
             product: Some("NVIDIA-A10".into()),
             driver_major: driver,
@@ -423,16 +423,16 @@ mod tests {
         );
         // An EC2 node without GFD, the same way: the type, its GPU and that GPU's memory.
         let mut g5 = node("eks-g5", 1, Some(23028 << 20), None);
-        g5.ec2 = Some("g5.2xlarge".into());
+        g5.instance_type = Some("g5.2xlarge".into());
         let p = plan(&h, &flags(), &[nodes[0].clone(), g5], &request(1)).unwrap();
         assert_eq!(
-            (p.nodes, p.ec2),
+            (p.nodes, p.instance_types),
             (vec!["eks-g5".into()], vec!["g5.2xlarge".into()])
         );
         assert!(
             p.message.ends_with(
-                "; EC2 nodes that GPU Feature Discovery does not label are taken to have the \
-                 GPUs of their node.kubernetes.io/instance-type (g5.2xlarge NVIDIA-A10G 22.5 \
+                "; EC2 and Azure nodes that GPU Feature Discovery does not label are taken to \
+                 have the GPUs of their node.kubernetes.io/instance-type (g5.2xlarge NVIDIA-A10G 22.5 \
                  GiB): set engine.gpuMemory where a pod gets less"
             ),
             "{}",

@@ -289,7 +289,7 @@ pub async fn inspect(
             status.gpu_memory_bytes = Some(i(plan.memory));
             status.gpu_shared_by = plan.shared_by.iter().map(|n| *n as i32).collect();
             status.gke_accelerators = plan.gke.clone();
-            status.ec2_instance_types = plan.ec2.clone();
+            status.instance_types = plan.instance_types.clone();
             status.amd_mixed_sizes = plan.amd_mixed.clone();
             status.devices = plan.devices();
             status.basis = Some(plan.message.clone());

@@ -262,7 +262,7 @@ mod tests {
             shared_by: 1,
             labelled: memory.is_some(),
             gke: None,
-            ec2: None,
+            instance_type: None,
             amd_mixed: None,
             product: None,
             driver_major: None,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::{Request, amd, ec2, gke};
+use super::{Request, amd, gke, instance};
 use crate::units::parse_quantity;
 
 /// GPU Feature Discovery's labels: memory of one GPU in MiB, its model, the driver's CUDA major.
@@ -65,8 +65,9 @@ pub struct NodeGpus {
     pub labelled: bool,
     /// The GKE accelerator whose known memory `memory` is, on a node GFD does not label.
     pub gke: Option<String>,
-    /// The EC2 instance type whose GPUs' known memory `memory` is, on a node GFD does not label.
-    pub ec2: Option<String>,
+    /// The instance type (EC2, Azure) whose GPUs' known memory `memory` is, on a node GFD does
+    /// not label.
+    pub instance_type: Option<String>,
     /// On a node whose AMD GPUs differ in size, the size label of the smallest (`64G` of
     /// `amd.com/gpu.vram.64G`), whose memory `memory` is.
     pub amd_mixed: Option<String>,
@@ -135,7 +136,7 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
                 shared_by: shared_by.unwrap_or(1),
                 labelled: req.memory.is_none() && labelled.is_ok(),
                 gke: assumed(gke::ACCELERATOR),
-                ec2: assumed(ec2::INSTANCE_TYPE),
+                instance_type: assumed(instance::INSTANCE_TYPE),
                 amd_mixed: amd::is_amd(&req.resource)
                     .then(|| amd::vram(labels).ok()?.1)
                     .flatten()
@@ -149,7 +150,7 @@ pub fn node_gpus(nodes: &[Arc<Node>], names: &[String], req: &Request) -> Vec<No
         .collect()
 }
 
-/// One GPU's memory from the node's labels, and on a GKE or EC2 node that GFD does not label,
+/// One GPU's memory from the node's labels, and on a GKE, EC2 or Azure node that GFD does not label,
 /// the label whose value's known GPUs it is the memory of, and that value.
 fn gpu_memory(
     labels: &BTreeMap<String, String>,
@@ -161,7 +162,10 @@ fn gpu_memory(
     }
     let known = [
         (gke::ACCELERATOR, gke::label_memory(labels, resource)),
-        (ec2::INSTANCE_TYPE, ec2::label_memory(labels, resource)),
+        (
+            instance::INSTANCE_TYPE,
+            instance::label_memory(labels, resource),
+        ),
     ];
     match known.into_iter().find_map(|(l, m)| Some((l, m?))) {
         Some((label, Ok((memory, name)))) => (Ok(memory), Some((label, name))),
@@ -242,7 +246,7 @@ fn product(labels: &BTreeMap<String, String>, resource: &str) -> Option<String> 
         .or_else(|| labels.get(amd::PRODUCT))
         .or_else(|| labels.get(gke::ACCELERATOR))
         .cloned()
-        .or_else(|| ec2::product(labels, resource));
+        .or_else(|| instance::product(labels, resource));
     match resource.strip_prefix(MIG_PREFIX) {
         Some(profile) => Some(format!("{}-MIG-{profile}", gpu.as_deref().unwrap_or("GPU"))),
         None => gpu,
@@ -452,7 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gke_or_ec2_node_without_gfd_is_sized_by_its_gpus_model_and_gfd_wins_where_it_labels() {
+    fn a_gke_eks_or_aks_node_without_gfd_is_sized_by_its_gpus_model_and_gfd_wins_where_it_labels() {
         let gpu = "nvidia.com/gpu";
         let names = ["n".to_string()];
         let gke_node = |labels: serde_json::Value, count: u32| -> Arc<Node> {
@@ -484,9 +488,14 @@ mod tests {
         let n = node_gpus(&[gke_node(l4, 1)], &names, &request(gpu, Some(8 << 30))).remove(0);
         assert_eq!((n.memory, n.labelled, n.gke), (Ok(8 << 30), false, None));
         // On EKS, the GPUs of the EC2 type; GFD's label wins there too.
-        let mut g5 = serde_json::json!({ec2::INSTANCE_TYPE: "g5.2xlarge"});
+        let mut g5 = serde_json::json!({instance::INSTANCE_TYPE: "g5.2xlarge"});
         let n = node_gpus(&[gke_node(g5.clone(), 1)], &names, &request(gpu, None)).remove(0);
-        let known = (n.memory, n.gke, n.ec2.as_deref(), n.product.as_deref());
+        let known = (
+            n.memory,
+            n.gke,
+            n.instance_type.as_deref(),
+            n.product.as_deref(),
+        );
         assert_eq!(
             known,
             (
@@ -498,7 +507,7 @@ mod tests {
         );
         g5[NVIDIA_MEMORY] = "23000".into();
         let n = node_gpus(&[gke_node(g5, 1)], &names, &request(gpu, None)).remove(0);
-        assert_eq!((n.memory, n.ec2), (Ok(23000 << 20), None));
+        assert_eq!((n.memory, n.instance_type), (Ok(23000 << 20), None));
         // A model modelserve does not know is unknown memory, saying why.
         let b200 = serde_json::json!({gke::ACCELERATOR: "nvidia-b200"});
         let n = node_gpus(&[gke_node(b200, 8)], &names, &request(gpu, None)).remove(0);
