@@ -62,8 +62,7 @@ pub fn server_flags(engine: &EngineSpec, check: &CheckStatus, build: u32) -> Vec
 /// not shared by a term of their own, so a large shared GPU never passes for an unshared one.
 /// Where the placement also held on GKE, EC2 or Azure nodes that GFD does not label, terms
 /// naming the GKE accelerators or instance types whose known memory is enough for each sharing
-/// count. AMD's GPUs, whose label is
-/// a size such as 16G, by the sizes too small (`amd_terms`).
+/// count. AMD's GPUs, whose label is a size such as 16G, by the sizes too small (`amd_terms`).
 pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
     let memory = check.gpu_memory_bytes.filter(|m| *m > 0)? as u64;
     if engine.gpu_memory.is_some() {
