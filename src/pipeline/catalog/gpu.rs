@@ -100,34 +100,32 @@ pub fn affinity(engine: &EngineSpec, check: &CheckStatus) -> Option<Affinity> {
         terms.extend(shared_terms(gfd(*n), &shared, *n));
     }
     if resource == gke::RESOURCE {
-        // Nodes GFD does not label, by the GPUs their GKE accelerator or instance type names.
+        // Nodes GFD does not label, by the GPUs their GKE accelerator or instance type names,
+        // with the labels they must not have (GFD's memory; GKE's MIG partition).
         let known = [
             (
                 gke::ACCELERATOR,
                 &check.gke_accelerators,
                 gke::memory_mib as fn(&str) -> Option<u64>,
                 gke::SHARED_CLIENTS,
+                vec![key.as_str(), gke::PARTITION],
             ),
             (
                 instance::INSTANCE_TYPE,
                 &check.instance_types,
                 instance::memory_mib,
                 shared.as_str(),
+                vec![key.as_str()],
             ),
         ];
-        for (label, names, mib, sharing) in known {
+        for (label, names, mib, sharing, absent) in known {
             for n in &by {
                 let names = at_least(names, mib, memory, *n);
                 if names.is_empty() {
                     continue;
                 }
-                let mut node = vec![
-                    requirement(label, "In", &names),
-                    requirement(&key, "DoesNotExist", &[]),
-                ];
-                if label == gke::ACCELERATOR {
-                    node.push(requirement(gke::PARTITION, "DoesNotExist", &[]));
-                }
+                let mut node = vec![requirement(label, "In", &names)];
+                node.extend(absent.iter().map(|k| requirement(k, "DoesNotExist", &[])));
                 terms.extend(shared_terms(node, sharing, *n));
             }
         }

@@ -17,6 +17,7 @@ pub mod amd;
 pub mod gke;
 pub mod instance;
 mod nodes;
+mod nvml;
 mod request;
 
 pub use nodes::{

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use super::MOST_SHARED_BY;
+use super::{MOST_SHARED_BY, nvml};
 
 /// The GPU model of a GKE node's accelerators, such as `nvidia-l4`.
 pub const ACCELERATOR: &str = "cloud.google.com/gke-accelerator";
@@ -18,20 +18,16 @@ pub const SHARED_CLIENTS: &str = "cloud.google.com/gke-max-shared-clients-per-gp
 /// The only resource GKE's device plugin advertises GPUs as.
 pub const RESOURCE: &str = "nvidia.com/gpu";
 
-/// One GPU's memory in MiB by GKE accelerator. Where GPU Feature Discovery was seen labelling
-/// the model, its figure (NVML's total; for the A100 40GB the lower of the two seen, 40536 with
-/// ECC on, 40960 without). For the H200 and the RTX PRO 6000, whose labels were not seen, the
-/// size their names and data sheets give in decimal GB (141 and 96), below what NVML reports for
-/// either. Too low a figure places fewer layers; too high one would fail the load.
+/// One GPU's memory in MiB by GKE accelerator (nvml.rs says where each figure comes from).
 pub const MEMORY: [(&str, u64); 8] = [
-    ("nvidia-tesla-t4", 15360),
-    ("nvidia-l4", 23034),
-    ("nvidia-tesla-a100", 40536),
-    ("nvidia-a100-80gb", 81920),
-    ("nvidia-h100-80gb", 81559),
-    ("nvidia-h100-mega-80gb", 81559),
-    ("nvidia-h200-141gb", 141_000_000_000 >> 20),
-    ("nvidia-rtx-pro-6000", 96_000_000_000 >> 20),
+    ("nvidia-tesla-t4", nvml::T4),
+    ("nvidia-l4", nvml::L4),
+    ("nvidia-tesla-a100", nvml::A100_40GB),
+    ("nvidia-a100-80gb", nvml::A100_80GB),
+    ("nvidia-h100-80gb", nvml::H100_80GB),
+    ("nvidia-h100-mega-80gb", nvml::H100_80GB),
+    ("nvidia-h200-141gb", nvml::H200),
+    ("nvidia-rtx-pro-6000", nvml::RTX_PRO_6000),
 ];
 
 /// One GPU's memory in MiB of the GKE accelerator `name`, where modelserve knows it.

@@ -8,26 +8,17 @@
 
 use std::collections::BTreeMap;
 
+use super::nvml::{A10G, A100_40GB, A100_80GB, H100_80GB, H200, L4, L40S, T4};
+
 /// The instance type of a node, set by the cloud provider: `g5.2xlarge` on EC2,
 /// `Standard_NC24ads_A100_v4` on Azure.
 pub const INSTANCE_TYPE: &str = "node.kubernetes.io/instance-type";
 /// The resource NVIDIA's device plugin advertises the GPUs as.
 pub const RESOURCE: &str = "nvidia.com/gpu";
 
-/// The memory in MiB of GPUs modelserve knows: NVML's total as GFD labels it (the A100 40GB's
-/// with ECC on), as in [`super::gke::MEMORY`]; the H200's the decimal 141 GB of its name, below
-/// NVML's.
-const T4: u64 = 15360;
-const A10G: u64 = 23028;
-const L4: u64 = 23034;
-const L40S: u64 = 46068;
-const A100_40GB: u64 = 40536;
-const A100_80GB: u64 = 81920;
-const H100_80GB: u64 = 81559;
-const H200: u64 = 141_000_000_000 >> 20;
-
-/// Each EC2 family of whole NVIDIA GPUs of one model: the GPU, and one GPU's memory in MiB. A
-/// family of fractional GPUs (`g6f`) is not one of them, nor one whose GPU comes in two sizes.
+/// Each EC2 family of whole NVIDIA GPUs of one model: the GPU, and one GPU's memory in MiB
+/// (nvml.rs). A family of fractional GPUs (`g6f`) is not one of them, nor one whose GPU comes in
+/// two sizes.
 pub const EC2: [(&str, &str, u64); 10] = [
     ("g4dn", "NVIDIA-T4", T4),
     ("g5", "NVIDIA-A10G", A10G),
@@ -166,31 +157,27 @@ mod tests {
 
     #[test]
     fn a_type_of_unknown_or_fractional_gpus_is_unknown_memory_saying_why() {
-        for name in ["g6f.large", "p3.2xlarge", "m5.xlarge"] {
+        let ec2 = "an EC2 type whose GPUs modelserve knows (families g4dn, g5, g6, gr6, g6e, p4d, \
+                   p4de, p5, p5e, p5en)";
+        let azure = "an Azure type whose GPUs modelserve knows (the NCasT4_v3, NC A100 v4, ND A100 \
+                     v4, NDm A100 v4, ND H100 v5 and ND H200 v5 sizes)";
+        // Fractional GPUs (g6f, a fraction of an A10), and models whose memory is not known here.
+        let unknown = [
+            ("g6f.large", ec2),
+            ("p3.2xlarge", ec2),
+            ("m5.xlarge", ec2),
+            ("Standard_NV36ads_A10_v5", azure),
+            ("Standard_NC80adis_H100_v5", azure),
+        ];
+        for (name, known) in unknown {
             let e = label_memory(&labels(&[(INSTANCE_TYPE, name)]), RESOURCE)
                 .unwrap()
                 .unwrap_err();
             assert_eq!(
                 e,
                 format!(
-                    "node.kubernetes.io/instance-type={name:?} is not an EC2 type whose GPUs \
-                     modelserve knows (families g4dn, g5, g6, gr6, g6e, p4d, p4de, p5, p5e, \
-                     p5en), and no nvidia.com/gpu.memory label says their memory"
-                )
-            );
-        }
-        // A fraction of an A10, and an H100 NVL whose memory is not known here.
-        for name in ["Standard_NV36ads_A10_v5", "Standard_NC80adis_H100_v5"] {
-            let e = label_memory(&labels(&[(INSTANCE_TYPE, name)]), RESOURCE)
-                .unwrap()
-                .unwrap_err();
-            assert_eq!(
-                e,
-                format!(
-                    "node.kubernetes.io/instance-type={name:?} is not an Azure type whose GPUs \
-                     modelserve knows (the NCasT4_v3, NC A100 v4, ND A100 v4, NDm A100 v4, ND \
-                     H100 v5 and ND H200 v5 sizes), and no nvidia.com/gpu.memory label says \
-                     their memory"
+                    "node.kubernetes.io/instance-type={name:?} is not {known}, and no \
+                     nvidia.com/gpu.memory label says their memory"
                 )
             );
         }
